@@ -1,0 +1,259 @@
+"""The cycle-level simulator: four concurrent modules, queues, tokens and DRAM.
+
+Fetch reads the instruction stream in bursts and dispatches each instruction
+to the load, compute or store command queue (stalling while it is full).
+Each module runs its queue in order: it pops the tokens an instruction asks
+for, executes it (data effect in :mod:`.datapath`, duration from
+:mod:`tessera.timing`), then pushes its tokens. The run ends when FINISH
+retires. All durations come from ``tessera.timing`` (docs/timing.md).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from tessera import timing
+from tessera.config import MODULES, HwConfig
+from tessera.errors import DeadlockError, MissingFinishError, ProgramError
+from tessera.isa import (Alu, Finish, Gemm, Instruction, Load, Program, Store,
+                         check_instruction, get_isa, module_of)
+
+from .datapath import Datapath
+from .dram import DramSystem
+from .kernel import BoundedQueue, Event, Kernel
+from .stats import ModuleStats, SimStats, TraceEvent, write_chrome_trace
+
+#: Each module's previous and next module (the token-queue neighbours).
+NEIGHBOURS = {"load": (None, "compute"), "compute": ("load", "store"), "store": ("compute", None)}
+
+
+@dataclass
+class SimResult:
+    """What a run produced: final DRAM, statistics and (if asked) the event trace."""
+
+    program: Program
+    dram: np.ndarray
+    stats: SimStats
+    trace: list[TraceEvent] | None
+    datapath: Datapath
+
+    def read(self, segment: str, dtype: np.dtype | str = np.uint8,
+             shape: tuple[int, ...] | None = None) -> np.ndarray:
+        """A segment of the final DRAM, viewed as ``dtype`` and ``shape``."""
+        return self.program.read(self.dram, segment, dtype, shape)
+
+    def write_trace(self, path: str) -> None:
+        if self.trace is None:
+            raise ValueError("run the simulator with trace=True to record a trace")
+        write_chrome_trace(self.trace, self.stats.config, path)
+
+
+class Simulator:
+    """Runs programs for one :class:`HwConfig`."""
+
+    def __init__(self, config: HwConfig, *, trace: bool = False) -> None:
+        self.config = config
+        self.isa = get_isa(config)
+        self.record_trace = trace
+
+    def run(self, program: Program) -> SimResult:
+        """Run ``program`` to FINISH; raises a :class:`tessera.errors.ProgramError` on bad programs."""
+        if program.config != self.config:
+            raise ProgramError(f"the program was built for config {program.config.name!r}, "
+                               f"this simulator runs {self.config.name!r}: rebuild it or use "
+                               "tessera.sim.simulate(program)")
+        validate_program(program)
+        return _Run(self.config, program, self.record_trace).execute()
+
+
+def simulate(program: Program, *, trace: bool = False) -> SimResult:
+    """Run ``program`` on the simulator of its own config."""
+    return Simulator(program.config, trace=trace).run(program)
+
+
+def validate_program(program: Program) -> None:
+    """Static checks before a run: field ranges, semantic rules, a FINISH."""
+    for index, insn in enumerate(program.instructions):
+        program.isa.encode(insn, index=index)
+        check_instruction(insn, program.config, index)
+    if not any(isinstance(i, Finish) for i in program.instructions):
+        raise MissingFinishError(f"the program has no FINISH instruction "
+                                 f"({len(program.instructions)} instructions); end it with FINISH")
+
+
+class _Run:
+    """The state of one simulation run."""
+
+    def __init__(self, config: HwConfig, program: Program, record_trace: bool) -> None:
+        self.config = config
+        self.program = program
+        self.kernel = Kernel()
+        self.dram = DramSystem(self.kernel, config)
+        self.data = Datapath(config, program)
+        self.stats = SimStats(config)
+        self.trace: list[TraceEvent] | None = [] if record_trace else None
+        self.cmd = {m: BoundedQueue(self.kernel, f"{m} command queue", config.cmd_queue_depth,
+                                    timing.CMD_QUEUE_LATENCY) for m in MODULES[1:]}
+        self.tokens = {f"{a}->{b}": BoundedQueue(self.kernel, f"{a}->{b} token queue",
+                                                 config.token_queue_depth, timing.TOKEN_LATENCY)
+                       for a, b in (("load", "compute"), ("compute", "load"),
+                                    ("compute", "store"), ("store", "compute"))}
+        self.state = {m: "not started" for m in MODULES}
+        self.running: dict[str, int | None] = {m: None for m in MODULES}
+        self.finished = Event(self.kernel)
+
+    # ------------------------------------------------------------ driver
+    def execute(self) -> SimResult:
+        self.kernel.process(self._fetch())
+        for m in MODULES[1:]:
+            self.kernel.process(self._module(m))
+        self.kernel.run(stop=self.finished)
+        if not self.finished.triggered:
+            raise DeadlockError(self._deadlock_report())
+        self._check_nothing_pending()
+        s = self.stats
+        s.cycles = self.kernel.now
+        s.gemm_ops, s.gemm_resets, s.alu_ops = (self.data.gemm_ops, self.data.gemm_resets,
+                                                self.data.alu_ops)
+        s.leftover_tokens = {k: len(q) for k, q in self.tokens.items() if len(q)}
+        return SimResult(self.program, self.data.dram, s, self.trace, self.data)
+
+    def _deadlock_report(self) -> str:
+        lines = [f"deadlock at cycle {self.kernel.now}: every module waits"]
+        for m in MODULES:
+            lines.append(f"  {m}: {self.state[m]}")
+        lines.append("  token queues: " + ", ".join(f"{k} {len(q)}/{q.capacity}"
+                                                    for k, q in self.tokens.items()))
+        lines.append("  command queues: " + ", ".join(
+            f"{m} {len(q)}/{q.capacity}" + (f" (next: instruction {q.items[0][1][0]})" if len(q) else "")
+            for m, q in self.cmd.items()))
+        lines.append("check that every pop has a matching push in the other module")
+        return "\n".join(lines)
+
+    def _check_nothing_pending(self) -> None:
+        index = self.finished.value
+        pending = [f"{m} is still running instruction {i}" for m, i in self.running.items()
+                   if i is not None and i != index]
+        pending += [f"{len(q)} instruction(s) wait in the {m} command queue"
+                    for m, q in self.cmd.items() if len(q)]
+        if self.state["fetch"] != "done":
+            pending.append("fetch has not dispatched every instruction")
+        if pending:
+            raise MissingFinishError(
+                f"FINISH retired at cycle {self.kernel.now} while " + "; ".join(pending)
+                + ": make FINISH wait for them with dependency tokens, and put it last",
+                index=index, where="FINISH")
+
+    # ------------------------------------------------------------- fetch
+    def _fetch(self) -> Iterator[Event]:
+        k, cfg, st = self.kernel, self.config, self.stats.modules["fetch"]
+        insns = self.program.instructions
+        chunk = timing.fetch_chunk_insns(cfg)
+        port = cfg.port_of("fetch")
+        for base in range(0, len(insns), chunk):
+            n = min(chunk, len(insns) - base)
+            beats = timing.fetch_chunk_beats(cfg, n)
+            self.state["fetch"] = f"reading instructions {base}..{base + n - 1}"
+            t0 = k.now
+            yield k.timeout(cfg.dram_latency)
+            yield self.dram.transfer(port, beats, beats * cfg.bus_bytes)
+            st.busy += beats
+            st.wait_dram += k.now - t0 - beats
+            self.stats.dram_read_bytes["insn"] = self.stats.dram_read_bytes.get("insn", 0) + n * 16
+            for index in range(base, base + n):
+                q = self.cmd[module_of(insns[index])]
+                t0 = k.now
+                self.state["fetch"] = f"dispatching instruction {index}: {q.name} is full"
+                yield from q.wait_space()
+                st.wait_queue += k.now - t0
+                q.put((index, insns[index]))
+                st.instructions += 1
+                yield k.timeout(timing.FETCH_DISPATCH_CYCLES)
+                st.busy += timing.FETCH_DISPATCH_CYCLES
+        self.state["fetch"] = "done"
+
+    # ----------------------------------------------------------- modules
+    def _token_queues(self, module: str, insn: Instruction) -> tuple[list[BoundedQueue], list[BoundedQueue]]:
+        prev, nxt = NEIGHBOURS[module]
+        pops = [self.tokens[f"{prev}->{module}"]] if insn.pop_prev else []
+        pops += [self.tokens[f"{nxt}->{module}"]] if insn.pop_next else []
+        pushes = [self.tokens[f"{module}->{prev}"]] if insn.push_prev else []
+        pushes += [self.tokens[f"{module}->{nxt}"]] if insn.push_next else []
+        return pops, pushes
+
+    def _module(self, module: str) -> Iterator[Event]:
+        k, st, q = self.kernel, self.stats.modules[module], self.cmd[module]
+        while True:
+            self.state[module] = "waiting for a command"
+            yield from q.wait_ready()
+            index, insn = q.get()
+            self.running[module] = index
+            pops, pushes = self._token_queues(module, insn)
+            t0 = k.now
+            while not all(tq.ready() for tq in pops):
+                waiting = next(tq for tq in pops if not tq.ready())
+                self.state[module] = (f"instruction {index} ({insn.label}) waits for a token "
+                                      f"on the {waiting.name} (empty)")
+                yield waiting.changed()
+            for tq in pops:
+                tq.get()
+            st.wait_token += k.now - t0
+            start = k.now
+            self.state[module] = f"executing instruction {index} ({insn.label})"
+            yield from self._execute(module, insn, index, st)
+            end = k.now
+            for tq in pushes:
+                self.state[module] = (f"instruction {index} ({insn.label}) waits to push a token "
+                                      f"into the full {tq.name} ({len(tq)}/{tq.capacity})")
+                yield from tq.wait_space()
+                tq.put(index)
+            st.wait_queue += k.now - end
+            st.instructions += 1
+            self.running[module] = None
+            if self.trace is not None:
+                self.trace.append(TraceEvent(module, insn.label, index, start, end))
+            if isinstance(insn, Finish):
+                self.running[module] = index
+                self.finished.succeed(index)
+                return
+
+    def _execute(self, module: str, insn: Instruction, index: int, st: ModuleStats) -> Iterator[Event]:
+        k = self.kernel
+        if isinstance(insn, (Load, Store)):
+            yield from self._dma(module, insn, index, st)
+            return
+        if isinstance(insn, Gemm):
+            self.data.gemm(insn, index)
+            cycles = timing.gemm_cycles(insn)
+        elif isinstance(insn, Alu):
+            self.data.alu(insn, index)
+            cycles = timing.alu_cycles(insn)
+        else:
+            cycles = timing.finish_cycles()
+        yield k.timeout(cycles)
+        st.busy += cycles
+
+    def _dma(self, module: str, insn: Load | Store, index: int, st: ModuleStats) -> Iterator[Event]:
+        k, cfg = self.kernel, self.config
+        is_load = isinstance(insn, Load)
+        (self.data.load if is_load else self.data.store)(insn, index)
+        cost = timing.dma_cost(cfg, insn)
+        setup = timing.DMA_SETUP_CYCLES + cost.pad_cycles
+        yield k.timeout(setup)
+        st.busy += setup
+        if not cost.data_cycles:
+            return
+        nbytes = insn.y_size * insn.x_size * get_isa(cfg).elem_bytes(insn.mem)
+        book = self.stats.dram_read_bytes if is_load else self.stats.dram_write_bytes
+        book[insn.mem.label] = book.get(insn.mem.label, 0) + nbytes
+        if is_load:
+            yield k.timeout(cfg.dram_latency)
+        t0 = k.now
+        yield self.dram.transfer(cfg.port_of(module), cost.data_cycles, cost.beats * cfg.bus_bytes)
+        if not is_load:
+            yield k.timeout(cfg.dram_latency)  # the write response
+        st.busy += cost.data_cycles
+        st.wait_dram += cfg.dram_latency + (k.now - t0 - cfg.dram_latency * (not is_load)) \
+            - cost.data_cycles

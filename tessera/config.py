@@ -1,0 +1,264 @@
+"""The hardware configuration every layer derives from.
+
+One frozen :class:`HwConfig` fixes the GEMM shape, data widths, buffer depths,
+queue depths, the DRAM system and the clock. The ISA field widths, the
+simulator's buffers and timing, and (later) the RTL are all computed from it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+#: The four modules of the accelerator, in the order ``module_ports`` lists them.
+MODULES: tuple[str, ...] = ("fetch", "load", "compute", "store")
+
+_SUPPORTED_WIDTHS = {
+    "inp_width": (8, 16),
+    "wgt_width": (8, 16),
+    "acc_width": (32,),
+    "out_width": (8, 16, 32),
+}
+
+
+def _clog2(n: int) -> int:
+    return max(1, math.ceil(math.log2(n))) if n > 1 else 1
+
+
+@dataclass(frozen=True)
+class HwConfig:
+    """A complete accelerator configuration (immutable, hashable, JSON-able).
+
+    Buffer depths count entries: an input entry is ``batch x block_in``
+    values, a weight entry ``block_out x block_in``, an accumulator or output
+    entry ``batch x block_out``, a uop entry one uop.
+    """
+
+    name: str = "pynq"
+    # GEMM core shape: BATCH x BLOCK_IN x BLOCK_OUT multiply-accumulates per cycle.
+    batch: int = 1
+    block_in: int = 16
+    block_out: int = 16
+    # Data widths in bits.
+    inp_width: int = 8
+    wgt_width: int = 8
+    acc_width: int = 32
+    out_width: int = 8
+    # On-chip buffer depths in entries.
+    uop_depth: int = 8192
+    inp_depth: int = 2048
+    wgt_depth: int = 1024
+    acc_depth: int = 2048
+    out_depth: int = 2048
+    # Queues: each module's command FIFO and each of the four dependency-token FIFOs.
+    cmd_queue_depth: int = 512
+    token_queue_depth: int = 1024
+    # Width of the GEMM/ALU loop-count fields (max loop extent is 2**loop_bits - 1).
+    loop_bits: int = 14
+    # DRAM system.
+    bus_bytes: int = 8
+    dram_ports: int = 4
+    module_ports: tuple[int, int, int, int] = (0, 1, 2, 3)
+    dram_latency: int = 32
+    ddr_bytes_per_cycle: float = 21.0
+    max_burst_beats: int = 16
+    clock_mhz: float = 100.0
+    # The FPGA part this config targets (for resource estimates).
+    part: str = "xc7z020clg400-1"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "module_ports", tuple(self.module_ports))
+        self._validate()
+
+    # ----------------------------------------------------------- validation
+    def _validate(self) -> None:
+        def fail(msg: str) -> None:
+            raise ConfigError(f"{msg} (config {self.name!r})")
+
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.type in ("int", int) and (not isinstance(value, int) or isinstance(value, bool)):
+                fail(f"{f.name} must be an integer, not {value!r}")
+        for name in ("batch", "block_in", "block_out", "uop_depth", "inp_depth",
+                     "wgt_depth", "acc_depth", "out_depth", "bus_bytes"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                fail(f"{name} must be a power of two >= 1, not {value}")
+        for name, allowed in _SUPPORTED_WIDTHS.items():
+            if getattr(self, name) not in allowed:
+                fail(f"{name} must be one of {allowed}, not {getattr(self, name)}")
+        if self.out_depth != self.acc_depth:
+            fail(f"out_depth must equal acc_depth ({self.acc_depth}), not {self.out_depth}: "
+                 "the output buffer mirrors the accumulator rows")
+        for name in ("cmd_queue_depth", "token_queue_depth"):
+            if getattr(self, name) < 1:
+                fail(f"{name} must be at least 1, not {getattr(self, name)}")
+        if not 1 <= self.loop_bits <= 16:
+            fail(f"loop_bits must be in [1, 16], not {self.loop_bits}")
+        if self.dram_ports < 1:
+            fail(f"dram_ports must be at least 1, not {self.dram_ports}")
+        if len(self.module_ports) != len(MODULES):
+            fail(f"module_ports must give one port for each of {MODULES}, "
+                 f"not {len(self.module_ports)} entries")
+        for module, port in zip(MODULES, self.module_ports):
+            if not isinstance(port, int) or not 0 <= port < self.dram_ports:
+                fail(f"module_ports[{module}] must be a port in [0, {self.dram_ports - 1}], "
+                     f"not {port!r}")
+        if self.dram_latency < 1:
+            fail(f"dram_latency must be at least 1 cycle, not {self.dram_latency}")
+        if not self.ddr_bytes_per_cycle > 0:
+            fail(f"ddr_bytes_per_cycle must be positive, not {self.ddr_bytes_per_cycle}")
+        if not 1 <= self.max_burst_beats <= 256:
+            fail(f"max_burst_beats must be in [1, 256] (AXI4), not {self.max_burst_beats}")
+        if not self.clock_mhz > 0:
+            fail(f"clock_mhz must be positive, not {self.clock_mhz}")
+
+    # ------------------------------------------------------ derived sizes
+    @property
+    def inp_entry_bytes(self) -> int:
+        """Bytes of one input-buffer entry (``batch x block_in`` inputs)."""
+        return self.batch * self.block_in * self.inp_width // 8
+
+    @property
+    def wgt_entry_bytes(self) -> int:
+        """Bytes of one weight-buffer entry (``block_out x block_in`` weights)."""
+        return self.block_out * self.block_in * self.wgt_width // 8
+
+    @property
+    def acc_entry_bytes(self) -> int:
+        """Bytes of one accumulator entry (``batch x block_out`` accumulators)."""
+        return self.batch * self.block_out * self.acc_width // 8
+
+    @property
+    def out_entry_bytes(self) -> int:
+        """Bytes of one output-buffer entry (``batch x block_out`` outputs)."""
+        return self.batch * self.block_out * self.out_width // 8
+
+    @property
+    def uop_index_bits(self) -> int:
+        return _clog2(self.uop_depth)
+
+    @property
+    def inp_index_bits(self) -> int:
+        return _clog2(self.inp_depth)
+
+    @property
+    def wgt_index_bits(self) -> int:
+        return _clog2(self.wgt_depth)
+
+    @property
+    def acc_index_bits(self) -> int:
+        return _clog2(self.acc_depth)
+
+    @property
+    def peak_macs_per_cycle(self) -> int:
+        """Multiply-accumulates the GEMM core does per cycle."""
+        return self.batch * self.block_in * self.block_out
+
+    @property
+    def peak_gops(self) -> float:
+        """Peak throughput in giga-operations per second (a MAC is two ops)."""
+        return 2 * self.peak_macs_per_cycle * self.clock_mhz / 1000.0
+
+    def port_of(self, module: str) -> int:
+        """The DRAM port ``module`` (one of :data:`MODULES`) uses."""
+        try:
+            return self.module_ports[MODULES.index(module)]
+        except ValueError:
+            raise ConfigError(f"unknown module {module!r}; expected one of {MODULES}") from None
+
+    def cycles_to_seconds(self, cycles: float) -> float:
+        return cycles / (self.clock_mhz * 1e6)
+
+    def replace(self, **changes: Any) -> "HwConfig":
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    # ------------------------------------------------------------ JSON
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["module_ports"] = dict(zip(MODULES, self.module_ports))
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "HwConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown HwConfig fields {unknown}; known fields: {sorted(known)}")
+        data = dict(data)
+        ports = data.get("module_ports")
+        if isinstance(ports, dict):
+            missing = [m for m in MODULES if m not in ports]
+            if missing:
+                raise ConfigError(f"module_ports lacks {missing}")
+            data["module_ports"] = tuple(ports[m] for m in MODULES)
+        return cls(**data)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> "HwConfig":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"config JSON is not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError("config JSON must be an object of HwConfig fields")
+        return cls.from_dict(data)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json() + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "HwConfig":
+        try:
+            return cls.from_json(Path(path).read_text())
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+
+
+#: Built-in presets. ``pynq`` is the default.
+PRESETS: dict[str, HwConfig] = {
+    # PYNQ-Z1/Z2 (xc7z020): VTA's PYNQ buffer sizes; one 64-bit HP port per
+    # module; the DDR3 gives about 2.1 GB/s shared, i.e. 21 bytes per cycle.
+    "pynq": HwConfig(),
+    # Small enough for fast RTL unit tests.
+    "tiny": HwConfig(
+        name="tiny", batch=1, block_in=4, block_out=4,
+        uop_depth=128, inp_depth=128, wgt_depth=64, acc_depth=128, out_depth=128,
+        cmd_queue_depth=8, token_queue_depth=8, loop_bits=8,
+        dram_latency=8, ddr_bytes_per_cycle=16.0, part="xc7z020clg400-1",
+    ),
+    # ZCU104 (xczu7ev): 32x32 core at 200 MHz, 128-bit HP ports, DDR4 at
+    # 19.2 GB/s (96 bytes per cycle at 200 MHz).
+    "zcu104": HwConfig(
+        name="zcu104", batch=1, block_in=32, block_out=32,
+        uop_depth=8192, inp_depth=2048, wgt_depth=1024, acc_depth=2048, out_depth=2048,
+        bus_bytes=16, dram_latency=40, ddr_bytes_per_cycle=96.0, clock_mhz=200.0,
+        part="xczu7ev-ffvc1156-2-e",
+    ),
+}
+
+DEFAULT_PRESET = "pynq"
+
+
+def get_config(name_or_path: str | Path | HwConfig | None = None) -> HwConfig:
+    """A preset by name, a config JSON file by path, or the default preset."""
+    if name_or_path is None:
+        return PRESETS[DEFAULT_PRESET]
+    if isinstance(name_or_path, HwConfig):
+        return name_or_path
+    key = str(name_or_path)
+    if key in PRESETS:
+        return PRESETS[key]
+    if Path(key).is_file():
+        return HwConfig.load(key)
+    raise ConfigError(f"unknown config {key!r}: use a preset ({', '.join(PRESETS)}) "
+                      "or the path of a config JSON file")

@@ -1,0 +1,83 @@
+"""The one exception hierarchy of Tessera.
+
+Every message says what was wrong, where (instruction index, field, node) and,
+where it helps, what to do. Catch :class:`TesseraError` to catch them all.
+"""
+from __future__ import annotations
+
+
+class TesseraError(Exception):
+    """Base class of every error Tessera raises on bad input."""
+
+
+class ConfigError(TesseraError, ValueError):
+    """An invalid or unknown hardware configuration."""
+
+
+class EncodingError(TesseraError, ValueError):
+    """A value that does not fit an instruction or uop field."""
+
+    def __init__(self, message: str, *, field: str | None = None,
+                 index: int | None = None, where: str | None = None) -> None:
+        self.field = field
+        self.index = index
+        self.where = where
+        super().__init__(_locate(message, index, where))
+
+
+class RegistryError(TesseraError, ValueError):
+    """A clash or a bad entry when registering an intrinsic."""
+
+
+class AsmError(TesseraError, ValueError):
+    """A syntax or semantic error in assembly text."""
+
+    def __init__(self, message: str, *, line: int | None = None) -> None:
+        self.line = line
+        super().__init__(f"{message} (line {line})" if line is not None else message)
+
+
+class ProgramError(TesseraError):
+    """A program that cannot run: malformed fields, bad ranges, deadlock...
+
+    ``index`` is the instruction index in the program (when one is to blame).
+    """
+
+    def __init__(self, message: str, *, index: int | None = None,
+                 where: str | None = None) -> None:
+        self.index = index
+        self.where = where
+        super().__init__(_locate(message, index, where))
+
+
+class MalformedInstructionError(ProgramError):
+    """An instruction whose fields are inconsistent (reserved opcode, bad flag...)."""
+
+
+class BoundsError(ProgramError):
+    """An SRAM or DRAM access outside the buffer or the program's DRAM segments."""
+
+
+class HazardError(ProgramError):
+    """A read-after-write hazard inside a pipeline that the hardware does not check."""
+
+
+class DeadlockError(ProgramError):
+    """Every module waits and nothing can make progress."""
+
+
+class MissingFinishError(ProgramError):
+    """The program never executes FINISH, or FINISH retires with work pending."""
+
+
+class ProgramFileError(TesseraError, ValueError):
+    """A program file that is not a Tessera program or is damaged."""
+
+
+def _locate(message: str, index: int | None, where: str | None) -> str:
+    parts = []
+    if index is not None:
+        parts.append(f"instruction {index}")
+    if where:
+        parts.append(where)
+    return f"{message} ({', '.join(parts)})" if parts else message

@@ -1,0 +1,239 @@
+"""The intrinsic registry: every ALU operation is a registered :class:`Intrinsic`.
+
+An intrinsic carries its opcode, its exact integer semantics in numpy (the
+golden model the simulator runs), its timing entry, and slots that later layers
+fill: a hardware hook the Amaranth ALU instantiates and the graph patterns the
+compiler may lower to it. Built-ins go through the same :func:`register_alu_op`
+a user calls from their own module::
+
+    from tessera.isa import Intrinsic, register_alu_op
+    register_alu_op(Intrinsic("ABSDIFF", 8, lambda a, b: np.abs(a - b)))
+
+Semantics functions take ``a`` (the accumulator values at ``dst``) and ``b``
+(the operand: accumulator values at ``src``, or the immediate turned into a
+lane value by ``imm_to_operand``), both int64 arrays holding int32 values, and
+return int64. The result is wrapped to the accumulator width (two's
+complement), so an op that should saturate must do so itself.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from ..errors import RegistryError
+from . import requant
+
+Semantics = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+@dataclass(frozen=True)
+class AluTiming:
+    """Timing of one ALU op (see docs/timing.md).
+
+    ``ii_imm``/``ii_tensor``: cycles between consecutive row operations with an
+    immediate or a tensor operand (a tensor operand needs a second accumulator
+    read). ``latency``: cycles from issuing a row operation to writing its
+    result; a row read fewer than ``hazard_distance`` operations after a write
+    to it would see the old value.
+    """
+
+    ii_imm: int = 1
+    ii_tensor: int = 2
+    latency: int = 3
+
+    def ii(self, use_imm: bool) -> int:
+        return self.ii_imm if use_imm else self.ii_tensor
+
+    def hazard_distance(self, use_imm: bool) -> int:
+        ii = self.ii(use_imm)
+        return -(-self.latency // ii)
+
+
+def _sign_extend(value: int, bits: int) -> int:
+    value &= (1 << bits) - 1
+    return value - (1 << bits) if value >> (bits - 1) else value
+
+
+def immediate_as_is(imm: int, imm_bits: int) -> int:
+    """Default immediate decoding: the signed immediate is the operand value."""
+    return imm
+
+
+@dataclass(frozen=True)
+class Intrinsic:
+    """A tensor-ALU operation.
+
+    ``hardware`` is the hook the Amaranth tensor ALU instantiates per lane
+    (filled by the hardware layer); ``patterns`` are the graph patterns the
+    compiler may lower to this op (filled by the compiler layer).
+    """
+
+    name: str
+    opcode: int
+    semantics: Semantics
+    timing: AluTiming = AluTiming()
+    imm_to_operand: Callable[[int, int], int] = immediate_as_is
+    doc: str = ""
+    hardware: Any = None
+    patterns: tuple[Any, ...] = ()
+
+    def apply(self, a: np.ndarray, b: np.ndarray, acc_bits: int = 32) -> np.ndarray:
+        """``op(a, b)`` wrapped to ``acc_bits`` two's complement (int64 result)."""
+        result = np.asarray(self.semantics(a.astype(np.int64), b.astype(np.int64)), dtype=np.int64)
+        return wrap(result, acc_bits)
+
+
+def wrap(values: np.ndarray, bits: int) -> np.ndarray:
+    """Two's-complement wrap-around of int64 values to ``bits`` bits."""
+    half = 1 << (bits - 1)
+    return ((values + half) & ((1 << bits) - 1)) - half
+
+
+def saturate(values: np.ndarray, bits: int) -> np.ndarray:
+    """Clamp values to the signed range of ``bits`` bits."""
+    return np.clip(values, -(1 << (bits - 1)), (1 << (bits - 1)) - 1)
+
+
+class IntrinsicRegistry:
+    """Opcode- and name-indexed intrinsics of one functional unit."""
+
+    def __init__(self, unit: str, opcode_bits: int) -> None:
+        self.unit = unit
+        self.opcode_bits = opcode_bits
+        self._by_opcode: dict[int, Intrinsic] = {}
+
+    def register(self, op: Intrinsic, *, replace: bool = False) -> Intrinsic:
+        limit = 1 << self.opcode_bits
+        if not 0 <= op.opcode < limit:
+            raise RegistryError(f"{self.unit} opcode of {op.name} must be in [0, {limit - 1}], "
+                                f"not {op.opcode}")
+        if not op.name.isidentifier() or op.name.upper() != op.name:
+            raise RegistryError(f"{self.unit} op name must be an upper-case identifier, "
+                                f"not {op.name!r}")
+        named = self.by_name(op.name, default=None)
+        clash = self._by_opcode.get(op.opcode)
+        if not replace:
+            if named is not None:
+                raise RegistryError(f"{self.unit} op {op.name} is already registered "
+                                    f"(opcode {named.opcode}); pass replace=True to redefine it")
+            if clash is not None:
+                raise RegistryError(f"{self.unit} opcode {op.opcode} is taken by {clash.name}; "
+                                    f"free opcodes: {self.free_opcodes()}")
+        for old in (named, clash):
+            if old is not None:
+                self._by_opcode.pop(old.opcode, None)
+        self._by_opcode[op.opcode] = op
+        return op
+
+    def unregister(self, name: str) -> None:
+        op = self.by_name(name)
+        del self._by_opcode[op.opcode]
+
+    def get(self, opcode: int) -> Intrinsic | None:
+        return self._by_opcode.get(opcode)
+
+    def by_name(self, name: str, default: Any = KeyError) -> Intrinsic:
+        for op in self._by_opcode.values():
+            if op.name == name.upper():
+                return op
+        if default is KeyError:
+            raise KeyError(f"no {self.unit} op named {name!r}; registered: {self.names()}")
+        return default
+
+    def names(self) -> list[str]:
+        return [op.name for op in self]
+
+    def free_opcodes(self) -> list[int]:
+        return [i for i in range(1 << self.opcode_bits) if i not in self._by_opcode]
+
+    def __iter__(self) -> Iterator[Intrinsic]:
+        return iter(sorted(self._by_opcode.values(), key=lambda op: op.opcode))
+
+    def __contains__(self, name: str) -> bool:
+        return self.by_name(name, default=None) is not None
+
+    @contextmanager
+    def temporarily(self, op: Intrinsic) -> Iterator[Intrinsic]:
+        """Register ``op`` for the duration of a ``with`` block (tests, experiments)."""
+        self.register(op)
+        try:
+            yield op
+        finally:
+            self.unregister(op.name)
+
+
+from .encoding import ALU_OP_BITS  # noqa: E402  (encoding does not import this module)
+
+#: The tensor ALU's registry.
+ALU_OPS = IntrinsicRegistry("ALU", ALU_OP_BITS)
+
+
+def register_alu_op(op: Intrinsic, *, replace: bool = False) -> Intrinsic:
+    """Register a tensor-ALU op (from any module; no tessera file needs editing)."""
+    return ALU_OPS.register(op, replace=replace)
+
+
+# --------------------------------------------------------------- built-ins
+CLIP_HALF_BITS = 16
+
+
+def clip_operand(lo: int, hi: int) -> int:
+    """The tensor-operand lane value of CLIP's bounds: ``lo`` in bits 0..15, ``hi`` in 16..31."""
+    for name, v in (("lo", lo), ("hi", hi)):
+        if not -(1 << 15) <= v < 1 << 15:
+            raise RegistryError(f"CLIP {name} bound must fit 16 signed bits, not {v}")
+    return _sign_extend((lo & 0xFFFF) | (hi & 0xFFFF) << 16, 32)
+
+
+def clip_imm(lo: int, hi: int, imm_bits: int) -> int:
+    """The immediate of CLIP with bounds ``lo``/``hi``: two signed halves of the immediate."""
+    half = imm_bits // 2
+    for name, v in (("lo", lo), ("hi", hi)):
+        if not -(1 << (half - 1)) <= v < 1 << (half - 1):
+            raise RegistryError(f"CLIP {name} bound must fit {half} signed bits with a "
+                                f"{imm_bits}-bit immediate, not {v}; use a tensor operand")
+    return _sign_extend((lo & ((1 << half) - 1)) | (hi & ((1 << half) - 1)) << half, imm_bits)
+
+
+def _clip_imm_to_operand(imm: int, imm_bits: int) -> int:
+    half = imm_bits // 2
+    return clip_operand(_sign_extend(imm, half), _sign_extend(imm >> half, half))
+
+
+def _clip(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    lo = ((b & 0xFFFF) ^ 0x8000) - 0x8000
+    hi = (((b >> 16) & 0xFFFF) ^ 0x8000) - 0x8000
+    return np.minimum(np.maximum(a, lo), hi)
+
+
+def _shr(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    right = np.right_shift(a, np.clip(b, 0, 31))
+    left = np.left_shift(a, np.clip(-b, 0, 32))  # wraps to zero at 32 once wrapped to int32
+    return np.where(b >= 0, right, left)
+
+
+_FAST = AluTiming(ii_imm=1, ii_tensor=2, latency=3)
+
+for _op in (
+    Intrinsic("MIN", 0, np.minimum, _FAST, doc="min(a, b)"),
+    Intrinsic("MAX", 1, np.maximum, _FAST, doc="max(a, b); MAX 0 is ReLU"),
+    Intrinsic("ADD", 2, np.add, _FAST, doc="a + b, wrapping"),
+    Intrinsic("SUB", 3, np.subtract, _FAST, doc="a - b, wrapping"),
+    Intrinsic("SHR", 4, _shr, _FAST,
+              doc="arithmetic a >> b; a negative b shifts left (wrapping); amounts saturate "
+                  "at 31 right and 32 left"),
+    Intrinsic("MUL", 5, np.multiply, AluTiming(ii_imm=1, ii_tensor=2, latency=4),
+              doc="a * b, wrapping (low 32 bits of the product)"),
+    Intrinsic("CLIP", 6, _clip, _FAST, imm_to_operand=_clip_imm_to_operand,
+              doc="min(max(a, lo), hi); operand lane = lo | hi << 16 (see clip_operand), "
+                  "immediate = lo | hi << imm_bits/2 (see clip_imm)"),
+    Intrinsic("REQUANT", 7, requant.requantize_packed, AluTiming(ii_imm=1, ii_tensor=2, latency=6),
+              doc="onnxruntime's float32 requantization, bit-exact, without the zero point "
+                  "and clamp (follow with ADD zp and CLIP); operand lane = M | shift << 24 "
+                  "(see requant.pack_params), per channel; as an immediate it needs a "
+                  "32-bit immediate field"),
+):
+    register_alu_op(_op)

@@ -1,0 +1,113 @@
+"""The timing model: cycle counts of every instruction as formulas.
+
+This module is the executable form of ``docs/timing.md``; the simulator calls
+these functions and nothing else for its durations, and the RTL implements the
+same numbers. Change both the document and this module together.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .config import HwConfig
+from .isa.encoding import INSN_BYTES, get_isa
+from .isa.instructions import Alu, Gemm, Load, _MemInsn
+
+#: Cycles a module spends decoding a LOAD/STORE and setting up its address generator.
+DMA_SETUP_CYCLES = 2
+#: Cycles a compute instruction (GEMM, ALU, FINISH) spends in decode before its first op.
+COMPUTE_SETUP_CYCLES = 1
+#: GEMM pipeline: uop read, operand read (inp, wgt, acc), multiply-add, acc write.
+#: An op issued in cycle t writes its accumulator row in cycle t + GEMM_LATENCY.
+GEMM_LATENCY = 3
+#: Cycles the fetch module spends dispatching one instruction into a command queue.
+FETCH_DISPATCH_CYCLES = 1
+#: A command dispatched in cycle t can start executing in cycle t + CMD_QUEUE_LATENCY.
+CMD_QUEUE_LATENCY = 1
+#: A token pushed when an instruction completes at cycle t can be popped at t + TOKEN_LATENCY.
+TOKEN_LATENCY = 0
+
+
+def pipeline_cycles(ops: int, ii: int, latency: int) -> int:
+    """Cycles from the first issue until the last write has landed: ``(ops-1)*ii + latency + 1``."""
+    return (ops - 1) * ii + latency + 1 if ops > 0 else 0
+
+
+def gemm_cycles(insn: Gemm) -> int:
+    """GEMM (and GEMM reset): setup, then one op per cycle, then the pipeline drains."""
+    return COMPUTE_SETUP_CYCLES + pipeline_cycles(insn.op_count, 1, GEMM_LATENCY)
+
+
+def gemm_hazard_distance() -> int:
+    """Ops closer than this that write and then read the same accumulator row conflict."""
+    return GEMM_LATENCY
+
+
+def alu_cycles(insn: Alu) -> int:
+    """ALU: setup, then one op every ``ii`` cycles, then the op's pipeline drains.
+
+    A reset ALU instruction runs at one row per cycle with the GEMM's latency.
+    """
+    from .isa.intrinsics import ALU_OPS
+    if insn.reset:
+        return COMPUTE_SETUP_CYCLES + pipeline_cycles(insn.op_count, 1, GEMM_LATENCY)
+    timing = ALU_OPS.get(insn.alu_op).timing
+    return COMPUTE_SETUP_CYCLES + pipeline_cycles(insn.op_count, timing.ii(insn.use_imm),
+                                                  timing.latency)
+
+
+def finish_cycles() -> int:
+    return COMPUTE_SETUP_CYCLES
+
+
+@dataclass(frozen=True)
+class DmaCost:
+    """The cost of one LOAD or STORE.
+
+    ``beats``: bus beats on the DRAM port (each ``bus_bytes`` wide).
+    ``data_cycles``: cycles to stream the data with no contention, at most one
+    beat and one SRAM entry per cycle, row by row.
+    ``pad_cycles``: one cycle per zero-padding entry written (loads only).
+    """
+
+    beats: int
+    data_cycles: int
+    pad_cycles: int
+
+    def cycles(self, config: HwConfig) -> int:
+        """The instruction's duration with no DRAM contention."""
+        if self.data_cycles == 0:
+            return DMA_SETUP_CYCLES + self.pad_cycles
+        return DMA_SETUP_CYCLES + self.pad_cycles + config.dram_latency + self.data_cycles
+
+
+def dma_cost(config: HwConfig, insn: _MemInsn) -> DmaCost:
+    """Beats and cycles of a LOAD/STORE (``x_size == 0``: a no-op with neither)."""
+    if insn.is_nop:
+        return DmaCost(0, 0, 0)
+    elem = get_isa(config).elem_bytes(insn.mem)
+    bus = config.bus_bytes
+    rows = np.arange(insn.y_size, dtype=np.int64)
+    starts = (insn.dram_base + rows * insn.x_stride) * elem
+    beats = -(-(starts % bus + insn.x_size * elem) // bus)
+    data_cycles = int(np.maximum(beats, insn.x_size).sum())
+    pads = 0
+    if isinstance(insn, Load):
+        total = (insn.y_pad_0 + insn.y_size + insn.y_pad_1) * (insn.x_pad_0 + insn.x_size + insn.x_pad_1)
+        pads = total - insn.y_size * insn.x_size
+    return DmaCost(int(beats.sum()), data_cycles, pads)
+
+
+def fetch_chunk_insns(config: HwConfig) -> int:
+    """Instructions fetched per DRAM burst (one maximal burst, at least one instruction)."""
+    return max(1, config.max_burst_beats * config.bus_bytes // INSN_BYTES)
+
+
+def fetch_chunk_beats(config: HwConfig, insns: int) -> int:
+    return -(-insns * INSN_BYTES // config.bus_bytes)
+
+
+def fetch_chunk_cycles(config: HwConfig, insns: int) -> int:
+    """Reading one chunk with no contention: latency, then one beat per cycle."""
+    return config.dram_latency + fetch_chunk_beats(config, insns)

@@ -1,0 +1,72 @@
+import json
+
+import pytest
+
+from tessera.config import MODULES, PRESETS, HwConfig, get_config
+from tessera.errors import ConfigError, TesseraError
+
+
+def test_pynq_preset_matches_vta_pynq_buffers():
+    c = PRESETS["pynq"]
+    assert (c.batch, c.block_in, c.block_out) == (1, 16, 16)
+    assert c.uop_depth * 4 == 32 * 1024          # 32 KiB of 32-bit uops
+    assert c.inp_depth * c.inp_entry_bytes == 32 * 1024
+    assert c.wgt_depth * c.wgt_entry_bytes == 256 * 1024
+    assert c.acc_depth * c.acc_entry_bytes == 128 * 1024
+    assert c.out_depth * c.out_entry_bytes == 32 * 1024
+    assert c.clock_mhz == 100 and c.bus_bytes == 8
+    assert c.peak_macs_per_cycle == 256
+    assert c.peak_gops == pytest.approx(51.2)
+
+
+def test_derived_index_widths():
+    c = PRESETS["pynq"]
+    assert (c.uop_index_bits, c.inp_index_bits, c.wgt_index_bits, c.acc_index_bits) == (13, 11, 10, 11)
+    t = PRESETS["tiny"]
+    assert t.peak_macs_per_cycle == 16 and t.inp_entry_bytes == 4 and t.wgt_entry_bytes == 16
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_json_round_trip(name, tmp_path):
+    c = PRESETS[name]
+    assert HwConfig.from_json(c.to_json()) == c
+    path = tmp_path / "c.json"
+    c.save(path)
+    assert HwConfig.load(path) == c
+    assert get_config(str(path)) == c
+    assert json.loads(c.to_json())["module_ports"] == dict(zip(MODULES, c.module_ports))
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(block_in=12), "block_in must be a power of two"),
+    (dict(inp_width=4), "inp_width must be one of"),
+    (dict(out_depth=1024), "out_depth must equal acc_depth"),
+    (dict(module_ports=(0, 1, 2, 4)), r"module_ports\[store\] must be a port in \[0, 3\]"),
+    (dict(module_ports=(0, 1)), "one port for each"),
+    (dict(dram_latency=0), "dram_latency must be at least 1"),
+    (dict(ddr_bytes_per_cycle=0), "ddr_bytes_per_cycle must be positive"),
+    (dict(max_burst_beats=300), "max_burst_beats"),
+    (dict(batch=2.0), "batch must be an integer"),
+    (dict(acc_depth=1 << 16, out_depth=1 << 16), "reduce buffer depths"),
+])
+def test_validation_messages(changes, message):
+    with pytest.raises(ConfigError, match=message):
+        # The ISA check (fields fit 128 bits) runs when the layout is derived.
+        from tessera.isa import get_isa
+        get_isa(PRESETS["pynq"].replace(**changes))
+
+
+def test_errors_are_tessera_errors():
+    with pytest.raises(TesseraError):
+        get_config("no-such-preset")
+    with pytest.raises(ConfigError, match="unknown HwConfig fields"):
+        HwConfig.from_dict({"blok_in": 4})
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        HwConfig.from_json("{")
+
+
+def test_config_is_frozen_and_hashable():
+    c = PRESETS["tiny"]
+    with pytest.raises(Exception):
+        c.batch = 2  # type: ignore[misc]
+    assert {c: 1}[c.replace()] == 1
