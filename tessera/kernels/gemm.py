@@ -165,10 +165,12 @@ def gemm_program(config: HwConfig, a: np.ndarray, b: np.ndarray, *,
         prog.emit(Store(mem=MemType.OUT, sram_base=t * tm * tn, dram_base=c_base + m0 * nb + n0,
                         y_size=tm, x_size=tn, x_stride=nb, pop_prev=True, push_prev=True))
 
-    # Drain: load takes back its last free-buffer tokens, compute its last output-free tokens.
-    for v in range(vt):
-        prog.emit(Load(mem=MemType.INP, x_size=0, pop_next=True, push_next=v == vt - 1))
-    for _ in range(vt - 1):
+    # Drain: load takes back its last free-buffer tokens, compute its last
+    # output-free tokens: one per thread that ran (fewer steps than threads: fewer).
+    drain = min(len(steps), vt)
+    for v in range(drain):
+        prog.emit(Load(mem=MemType.INP, x_size=0, pop_next=True, push_next=v == drain - 1))
+    for _ in range(drain - 1):
         prog.emit(Load(mem=MemType.UOP, x_size=0, pop_next=True))
     prog.emit(Finish(pop_prev=True, pop_next=True))
     return prog
