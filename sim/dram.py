@@ -11,7 +11,7 @@ cycles when a flow ends.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from tessera.config import HwConfig
 

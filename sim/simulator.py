@@ -135,7 +135,7 @@ class _Run:
     def _check_nothing_pending(self) -> None:
         index = self.finished.value
         pending = [f"{m} is still running instruction {i}" for m, i in self.running.items()
-                   if i is not None and i != index]
+                   if i is not None]
         pending += [f"{len(q)} instruction(s) wait in the {m} command queue"
                     for m, q in self.cmd.items() if len(q)]
         if self.state["fetch"] != "done":
@@ -215,7 +215,6 @@ class _Run:
             if self.trace is not None:
                 self.trace.append(TraceEvent(module, insn.label, index, start, end))
             if isinstance(insn, Finish):
-                self.running[module] = index
                 self.finished.succeed(index)
                 return
 

@@ -13,6 +13,7 @@ import numpy as np
 from .config import HwConfig
 from .isa.encoding import INSN_BYTES, get_isa
 from .isa.instructions import Alu, Gemm, Load, _MemInsn
+from .isa.intrinsics import ALU_OPS
 
 #: Cycles a module spends decoding a LOAD/STORE and setting up its address generator.
 DMA_SETUP_CYCLES = 2
@@ -49,7 +50,6 @@ def alu_cycles(insn: Alu) -> int:
 
     A reset ALU instruction runs at one row per cycle with the GEMM's latency.
     """
-    from .isa.intrinsics import ALU_OPS
     if insn.reset:
         return COMPUTE_SETUP_CYCLES + pipeline_cycles(insn.op_count, 1, GEMM_LATENCY)
     timing = ALU_OPS.get(insn.alu_op).timing

@@ -1,5 +1,4 @@
 """Bad programs fail with clear errors naming the instruction; nothing hangs."""
-import numpy as np
 import pytest
 
 from tessera.config import PRESETS
