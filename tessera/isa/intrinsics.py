@@ -152,8 +152,11 @@ class IntrinsicRegistry:
     def __iter__(self) -> Iterator[Intrinsic]:
         return iter(sorted(self._by_opcode.values(), key=lambda op: op.opcode))
 
-    def __contains__(self, name: str) -> bool:
-        return self.by_name(name, default=None) is not None
+    def __contains__(self, key: str | int) -> bool:
+        """``"MAX" in ALU_OPS`` or ``1 in ALU_OPS`` (by name or by opcode)."""
+        if isinstance(key, int):
+            return key in self._by_opcode
+        return self.by_name(key, default=None) is not None
 
     @contextmanager
     def temporarily(self, op: Intrinsic) -> Iterator[Intrinsic]:

@@ -1,0 +1,181 @@
+"""Small program-building utilities for the simulator tests.
+
+:func:`single_shot` builds a fully synchronised program: every load-module LOAD
+(inp, wgt) runs first, then every compute-module instruction (the uop LOAD, acc
+and acc8 LOADs, GEMM and ALU instructions), then every STORE, then FINISH.
+Dependency tokens enforce exactly that order, so tests need not think about them.
+
+LOADs and STOREs name a DRAM segment instead of a ``dram_base``: see
+:func:`load` and :func:`store`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from tessera.config import HwConfig
+from tessera.isa import (Finish, Instruction, Load, MemType, Program, Store, Uop, get_isa,
+                         module_of)
+from tessera.sim import SimResult, simulate
+
+I32_MIN, I32_MAX = -(2**31), 2**31 - 1
+
+
+# ------------------------------------------------------------------ DMA specs
+@dataclass(frozen=True)
+class SegLoad:
+    """A LOAD from segment ``segment`` (``offset`` elements in), other fields as given."""
+
+    segment: str
+    mem: MemType
+    offset: int = 0
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+    def resolve(self, program: Program) -> Load:
+        base = program.elem_addr(self.segment, self.mem, self.offset)
+        return Load(mem=self.mem, dram_base=base, **self.fields)
+
+
+@dataclass(frozen=True)
+class SegStore:
+    """A STORE (of the output buffer) into segment ``segment``, ``offset`` elements in."""
+
+    segment: str
+    offset: int = 0
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+    def resolve(self, program: Program) -> Store:
+        base = program.elem_addr(self.segment, MemType.OUT, self.offset)
+        return Store(mem=MemType.OUT, dram_base=base, **self.fields)
+
+
+def load(segment: str, mem: MemType, offset: int = 0, **fields: Any) -> SegLoad:
+    """A LOAD spec; ``x_stride`` defaults to ``x_size``, ``y_size``/``x_size`` to 1."""
+    fields.setdefault("x_stride", fields.get("x_size", 1))
+    return SegLoad(segment, MemType(mem), offset, fields)
+
+
+def store(segment: str, offset: int = 0, **fields: Any) -> SegStore:
+    """A STORE spec; ``x_stride`` defaults to ``x_size``."""
+    fields.setdefault("x_stride", fields.get("x_size", 1))
+    return SegStore(segment, offset, fields)
+
+
+# ------------------------------------------------------------------- builder
+def single_shot(config: HwConfig, *, segments: Mapping[str, np.ndarray | int] = {},
+                uops: Sequence[Uop] = (), loads: Sequence[SegLoad | Load] = (),
+                compute: Sequence[Instruction | SegLoad] = (),
+                stores: Sequence[SegStore | Store] = ()) -> Program:
+    """A program that loads, computes, stores and finishes, fully synchronised.
+
+    ``segments`` maps segment names to their initial data (raw bytes of any
+    array) or a size in bytes (zero-filled). ``uops`` (if any) go into segment
+    ``"uops"`` and are loaded into uop entries ``0..len(uops)-1`` first.
+    ``compute`` may contain acc/acc8/uop LOAD specs: they run in program order
+    with the GEMM/ALU instructions (all are compute-module instructions).
+    """
+    p = Program(config)
+    if uops:
+        p.add_uops("uops", list(uops))
+    for name, data in segments.items():
+        p.add_segment(name, data)
+
+    resolved = [spec.resolve(p) if isinstance(spec, SegLoad) else spec for spec in loads]
+    load_mod = [insn for insn in resolved if module_of(insn) == "load"]
+    comp: list[Instruction] = []
+    if uops:
+        comp.append(Load(mem=MemType.UOP, dram_base=p.elem_addr("uops", MemType.UOP),
+                         y_size=1, x_size=len(uops), x_stride=len(uops)))
+    comp += [insn for insn in resolved if module_of(insn) == "compute"]
+    comp += [spec.resolve(p) if isinstance(spec, SegLoad) else spec for spec in compute]
+    if any(module_of(insn) != "compute" for insn in comp):
+        raise ValueError("compute may hold compute-module instructions only")
+    sts = [spec.resolve(p) if isinstance(spec, SegStore) else spec for spec in stores]
+    finish = Finish()
+
+    # load -> compute: the last load-module LOAD releases the first compute instruction.
+    if load_mod:
+        load_mod[-1] = load_mod[-1].replace(push_next=True)
+        if comp:
+            comp[0] = comp[0].replace(pop_prev=True)
+        else:
+            finish = finish.replace(pop_prev=True)
+    # compute -> store -> FINISH.
+    if sts:
+        if not comp:
+            raise ValueError("stores need at least one compute-module instruction before them")
+        comp[-1] = comp[-1].replace(push_next=True)
+        sts[0] = sts[0].replace(pop_prev=True)
+        sts[-1] = sts[-1].replace(push_prev=True)
+        finish = finish.replace(pop_next=True)
+    p.emit(*load_mod, *comp, *sts, finish)
+    return p
+
+
+def run(program: Program) -> SimResult:
+    """Simulate ``program`` and check no token is left behind."""
+    result = simulate(program)
+    assert not result.stats.leftover_tokens, result.stats.leftover_tokens
+    return result
+
+
+# ------------------------------------------------------------- data helpers
+def out_dtype(config: HwConfig) -> type:
+    return {8: np.int8, 16: np.int16, 32: np.int32}[config.out_width]
+
+
+def out_bytes(config: HwConfig, entries: int) -> int:
+    """Bytes of ``entries`` output-buffer entries in DRAM."""
+    return entries * get_isa(config).elem_bytes(MemType.OUT)
+
+
+def read_out(result: SimResult, segment: str, config: HwConfig, entries: int) -> np.ndarray:
+    """The first ``entries`` output entries stored in ``segment``, as (entries, batch, block_out)."""
+    n = entries * config.batch * config.block_out
+    values = result.read(segment, out_dtype(config))[:n]
+    return values.reshape(entries, config.batch, config.block_out)
+
+
+def acc_entries(config: HwConfig, values: np.ndarray) -> np.ndarray:
+    """``values`` reshaped to accumulator entries ``(n, batch, block_out)`` int32."""
+    return np.asarray(values, dtype=np.int64).astype(np.int32).reshape(
+        -1, config.batch, config.block_out)
+
+
+def run_on_acc(config: HwConfig, acc_init: np.ndarray, compute: Sequence[Instruction],
+               uops: Sequence[Uop] = (), store_rows: int | None = None
+               ) -> tuple[SimResult, np.ndarray, np.ndarray]:
+    """Load ``acc_init`` (n, batch, block_out) into acc rows 0..n-1, run ``compute``,
+    store rows ``0..store_rows-1`` (default n).
+
+    Returns the result, the final accumulator rows 0..n-1 (int64) and the stored
+    output rows (int8 for the presets).
+    """
+    acc_init = acc_entries(config, acc_init)
+    n = acc_init.shape[0]
+    rows = n if store_rows is None else store_rows
+    prog = single_shot(
+        config, uops=uops,
+        segments={"acc": acc_init, "out": out_bytes(config, rows)},
+        loads=[load("acc", MemType.ACC, x_size=n)],
+        compute=compute,
+        stores=[store("out", x_size=rows)])
+    result = run(prog)
+    return result, result.datapath.acc[:n].astype(np.int64), read_out(result, "out", config, rows)
+
+
+# ----------------------------------------------------- independent references
+def wrap32(x):
+    """Two's-complement wrap to int32, written out independently of the library.
+
+    Takes a Python int or an integer array whose values fit int64.
+    """
+    if isinstance(x, int):
+        return ((x + 2**31) % 2**32) - 2**31
+    return ((np.asarray(x, dtype=np.int64) + 2**31) % 2**32) - 2**31
+
+
+def sat8(x: np.ndarray) -> np.ndarray:
+    return np.clip(np.asarray(x, dtype=np.int64), -128, 127)

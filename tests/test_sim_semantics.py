@@ -1,0 +1,877 @@
+"""Data semantics of the simulator, checked against numpy computations written here.
+
+Every expected value below is computed in this file with plain numpy (or
+Python ints), never with the simulator's or the intrinsic registry's own
+helpers: loads and stores as explicit index arithmetic, GEMM and ALU
+instructions as the documented sequential loop nest.
+"""
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
+from numpy.testing import assert_array_equal
+
+from tessera.config import PRESETS
+from tessera.errors import EncodingError, HazardError
+from tessera.isa import Alu, Gemm, MemType, Uop, clip_imm, get_isa
+from tessera.isa import requant
+
+from tests.programs import (I32_MAX, I32_MIN, acc_entries, load, out_bytes, read_out, run,
+                            run_on_acc, sat8, single_shot, store, wrap32)
+
+TINY = PRESETS["tiny"]
+PYNQ = PRESETS["pynq"]
+TINY_B2 = PRESETS["tiny"].replace(batch=2, name="tiny-b2")
+CONFIGS = [TINY, PYNQ, TINY_B2]
+CFG_IDS = [c.name for c in CONFIGS]
+
+#: The built-in ALU opcodes (the ISA's documented numbering).
+OP = {"MIN": 0, "MAX": 1, "ADD": 2, "SUB": 3, "SHR": 4, "MUL": 5, "CLIP": 6, "REQUANT": 7}
+
+FEW = settings(max_examples=30, deadline=None,
+               suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+
+
+def rng_for(*key) -> np.random.Generator:
+    """A generator seeded by ``key`` (stable across runs, unlike ``hash``)."""
+    return np.random.default_rng(zlib.crc32(repr(key).encode()))
+
+
+def inp_entries(cfg, rng, n):
+    return rng.integers(-128, 128, (n, cfg.batch, cfg.block_in)).astype(np.int8)
+
+
+def wgt_entries(cfg, rng, n):
+    return rng.integers(-128, 128, (n, cfg.block_out, cfg.block_in)).astype(np.int8)
+
+
+def acc_values(cfg, rng, n, lo=I32_MIN, hi=I32_MAX):
+    return rng.integers(lo, hi, (n, cfg.batch, cfg.block_out), endpoint=True).astype(np.int64)
+
+
+def mixed_acc(cfg, rng, n):
+    """int32 values of every magnitude, with the extremes and int8 edges sprinkled in."""
+    vals = acc_values(cfg, rng, n)
+    small = acc_values(cfg, rng, n, -300, 300)
+    mid = acc_values(cfg, rng, n, -(1 << 20), 1 << 20)
+    pick = rng.integers(0, 3, vals.shape)
+    vals = np.where(pick == 0, vals, np.where(pick == 1, small, mid))
+    flat = vals.reshape(-1)
+    specials = [I32_MIN, I32_MAX, 0, -1, 1, 127, 128, -128, -129, 1 << 24, (1 << 24) + 1]
+    flat[:min(len(specials), flat.size)] = specials[:flat.size]
+    return vals
+
+
+# =============================================================== 1. padded loads
+def check_padded_inp_load(cfg, y_size, x_size, pads, sram_base=3, seed=0):
+    """LOAD inp with padding over a background of nonzero entries; check the whole buffer."""
+    yp0, yp1, xp0, xp1 = pads
+    rng = rng_for(cfg.name, y_size, x_size, pads, sram_base, seed)
+    src = inp_entries(cfg, rng, y_size * x_size).reshape(y_size, x_size, cfg.batch, cfg.block_in)
+    rows, cols = yp0 + y_size + yp1, xp0 + x_size + xp1
+    n_bg = sram_base + rows * cols + 3
+    assert n_bg <= cfg.inp_depth
+    bg = rng.integers(1, 128, (n_bg, cfg.batch, cfg.block_in)).astype(np.int8)  # nonzero
+    prog = single_shot(cfg, segments={"bg": bg, "src": src}, loads=[
+        load("bg", MemType.INP, x_size=n_bg),
+        load("src", MemType.INP, sram_base=sram_base, y_size=y_size, x_size=x_size,
+             y_pad_0=yp0, y_pad_1=yp1, x_pad_0=xp0, x_pad_1=xp1)])
+    inp = run(prog).datapath.inp
+    padded = np.pad(src, ((yp0, yp1), (xp0, xp1), (0, 0), (0, 0)))
+    expected = bg.copy()
+    expected[sram_base:sram_base + rows * cols] = padded.reshape(rows * cols, cfg.batch, cfg.block_in)
+    assert_array_equal(inp[:n_bg], expected)
+    assert not inp[n_bg:].any()
+
+
+@pytest.mark.parametrize("pads", [(2, 0, 0, 0), (0, 3, 0, 0), (0, 0, 1, 0), (0, 0, 0, 2),
+                                  (1, 2, 3, 1)],
+                         ids=["y_pad_0", "y_pad_1", "x_pad_0", "x_pad_1", "all"])
+@pytest.mark.parametrize("cfg", CONFIGS, ids=CFG_IDS)
+def test_padded_load_each_pad(cfg, pads):
+    check_padded_inp_load(cfg, 3, 2, pads)
+
+
+def test_padded_load_max_pad():
+    check_padded_inp_load(TINY, 1, 1, (15, 0, 0, 0), sram_base=0)
+    check_padded_inp_load(TINY, 2, 1, (0, 0, 0, 15), sram_base=1)
+
+
+@FEW
+@given(y_size=st.integers(1, 4), x_size=st.integers(1, 4),
+       pads=st.tuples(*[st.integers(0, 3)] * 4), sram_base=st.integers(0, 10))
+def test_padded_load_hypothesis(y_size, x_size, pads, sram_base):
+    check_padded_inp_load(TINY, y_size, x_size, pads, sram_base)
+
+
+def test_padded_acc_load_zeroes_acc_and_out():
+    """Pads of an acc load write zeros into acc and the mirrored out entries."""
+    cfg = TINY
+    rng = rng_for("pad-acc")
+    bg = acc_values(cfg, rng, 12, 1, 1000)
+    src = acc_values(cfg, rng, 2, -5000, 5000)
+    prog = single_shot(cfg, segments={"bg": bg.astype(np.int32), "src": src.astype(np.int32),
+                                      "out": out_bytes(cfg, 12)},
+                       loads=[load("bg", MemType.ACC, x_size=12),
+                              load("src", MemType.ACC, sram_base=2, y_size=2, x_size=1,
+                                   y_pad_0=1, x_pad_1=1)],
+                       stores=[store("out", x_size=12)])
+    res = run(prog)
+    expected = bg.copy()
+    # block rows: [pad pad] [src0 pad] [src1 pad] -> entries 2..7
+    expected[2:8] = 0
+    expected[4] = src[0]
+    expected[6] = src[1]
+    assert_array_equal(res.datapath.acc[:12], expected)
+    assert_array_equal(read_out(res, "out", cfg, 12), sat8(expected))
+
+
+# ===================================================== 2. strided loads and stores
+def check_strided_load(cfg, mem, y_size, x_size, extra, offset, sram_base):
+    stride = x_size + extra
+    rng = rng_for("strided", cfg.name, int(mem), y_size, x_size, extra, offset)
+    n_src = offset + (y_size - 1) * stride + x_size + 2
+    if mem == MemType.INP:
+        src = inp_entries(cfg, rng, n_src)
+        buf = "inp"
+    elif mem == MemType.WGT:
+        src = wgt_entries(cfg, rng, n_src)
+        buf = "wgt"
+    else:
+        src = acc_values(cfg, rng, n_src).astype(np.int32)
+        buf = "acc"
+    prog = single_shot(cfg, segments={"src": src}, loads=[
+        load("src", mem, offset=offset, sram_base=sram_base, y_size=y_size, x_size=x_size,
+             x_stride=stride)])
+    got = getattr(run(prog).datapath, buf)
+    expected = np.zeros_like(got)
+    for y in range(y_size):
+        for x in range(x_size):
+            expected[sram_base + y * x_size + x] = src[offset + y * stride + x]
+    assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("mem", [MemType.INP, MemType.WGT, MemType.ACC], ids=lambda m: m.label)
+@pytest.mark.parametrize("cfg", CONFIGS, ids=CFG_IDS)
+def test_strided_load(cfg, mem):
+    check_strided_load(cfg, mem, y_size=3, x_size=2, extra=3, offset=1, sram_base=5)
+
+
+@FEW
+@given(y_size=st.integers(1, 5), x_size=st.integers(1, 4), extra=st.integers(0, 4),
+       offset=st.integers(0, 5), sram_base=st.integers(0, 20))
+def test_strided_load_hypothesis(y_size, x_size, extra, offset, sram_base):
+    check_strided_load(TINY, MemType.INP, y_size, x_size, extra, offset, sram_base)
+
+
+def check_strided_store(cfg, y_size, x_size, extra, offset, sram_base):
+    stride = x_size + extra
+    rng = rng_for("store", cfg.name, y_size, x_size, extra, offset, sram_base)
+    n_acc = sram_base + y_size * x_size
+    acc = mixed_acc(cfg, rng, n_acc)
+    eb = get_isa(cfg).elem_bytes(MemType.OUT)
+    n_dst = offset + (y_size - 1) * stride + x_size + 2
+    sentinel = rng.integers(0, 256, n_dst * eb).astype(np.uint8)
+    prog = single_shot(cfg, segments={"acc": acc.astype(np.int32), "dst": sentinel},
+                       loads=[load("acc", MemType.ACC, x_size=n_acc)],
+                       stores=[store("dst", offset=offset, sram_base=sram_base, y_size=y_size,
+                                     x_size=x_size, x_stride=stride)])
+    got = run(prog).read("dst", np.uint8)
+    expected = sentinel.copy()
+    for y in range(y_size):
+        for x in range(x_size):
+            entry = sat8(acc[sram_base + y * x_size + x]).astype(np.int8)
+            e = offset + y * stride + x
+            expected[e * eb:(e + 1) * eb] = entry.reshape(-1).view(np.uint8)
+    assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=CFG_IDS)
+def test_strided_store(cfg):
+    check_strided_store(cfg, y_size=3, x_size=2, extra=2, offset=1, sram_base=4)
+
+
+@FEW
+@given(y_size=st.integers(1, 5), x_size=st.integers(1, 4), extra=st.integers(0, 4),
+       offset=st.integers(0, 5), sram_base=st.integers(0, 20))
+def test_strided_store_hypothesis(y_size, x_size, extra, offset, sram_base):
+    check_strided_store(TINY, y_size, x_size, extra, offset, sram_base)
+
+
+# ================================================== 3. accumulator round trips
+@pytest.mark.parametrize("cfg", CONFIGS, ids=CFG_IDS)
+def test_acc_load_store_saturates(cfg):
+    rng = rng_for("acc-rt", cfg.name)
+    n = 10
+    acc = mixed_acc(cfg, rng, n)
+    res, final, out = run_on_acc(cfg, acc, [])
+    assert_array_equal(final, acc)                       # exact int32 in acc
+    expected = np.clip(acc, -128, 127)
+    assert_array_equal(out, expected)
+    assert_array_equal(res.datapath.out[:n], expected)   # out mirrors acc, saturated
+    # both saturation sides really occur
+    assert (acc > 127).any() and (acc < -128).any()
+    assert (out == 127).any() and (out == -128).any()
+    assert not res.datapath.out[n:].any()
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=CFG_IDS)
+def test_acc8_load_sign_extends(cfg):
+    rng = rng_for("acc8", cfg.name)
+    n = 6
+    data = rng.integers(-128, 128, (n, cfg.batch, cfg.block_out)).astype(np.int8)
+    data.reshape(-1)[:4] = [-128, -1, 127, 0]
+    prog = single_shot(cfg, segments={"d": data, "out": out_bytes(cfg, n + 2)},
+                       loads=[load("d", MemType.ACC8, sram_base=2, x_size=n)],
+                       stores=[store("out", x_size=n + 2)])
+    res = run(prog)
+    acc = res.datapath.acc
+    assert acc.dtype == np.int32
+    expected = np.zeros((n + 2, cfg.batch, cfg.block_out), dtype=np.int64)
+    expected[2:] = [[[int(v) for v in lane] for lane in entry] for entry in data]  # Python ints
+    assert_array_equal(acc[:n + 2], expected)
+    assert int(acc[2].reshape(-1)[0]) == -128 and int(acc[2].reshape(-1)[1]) == -1
+    assert_array_equal(read_out(res, "out", cfg, n + 2), expected)
+
+
+def test_acc_load_overwrites_out():
+    """A later acc/acc8 LOAD replaces out entries a GEMM wrote earlier."""
+    cfg = TINY
+    rng = rng_for("acc-over")
+    a = inp_entries(cfg, rng, 1)
+    w = np.full((1, cfg.block_out, cfg.block_in), 100, np.int8)
+    a[:] = 100   # GEMM result 4 * 100 * 100 = 40000 saturates out to 127
+    big = acc_values(cfg, rng, 3, -100000, 100000)
+    small = rng.integers(-128, 128, (2, cfg.batch, cfg.block_out)).astype(np.int8)
+    prog = single_shot(
+        cfg, uops=[Uop(0, 0, 0)],
+        segments={"a": a, "w": w, "big": big.astype(np.int32), "small": small,
+                  "out": out_bytes(cfg, 8)},
+        loads=[load("a", MemType.INP, x_size=1), load("w", MemType.WGT, x_size=1)],
+        compute=[Gemm(reset=True, iter_out=8, dst_factor_out=1),
+                 Gemm(iter_out=8, dst_factor_out=1),                 # rows 0..7 = 40000
+                 load("big", MemType.ACC, sram_base=1, x_size=3),    # then overwrite some
+                 load("small", MemType.ACC8, sram_base=5, x_size=2)],
+        stores=[store("out", x_size=8)])
+    res = run(prog)
+    expected = np.full((8, cfg.batch, cfg.block_out), 40000, np.int64)
+    expected[1:4] = big
+    expected[5:7] = small
+    assert_array_equal(res.datapath.acc[:8], expected)
+    assert_array_equal(res.datapath.out[:8], sat8(expected))
+    assert_array_equal(read_out(res, "out", cfg, 8), sat8(expected))
+
+
+# ========================================================================= 4. GEMM
+def gemm_reference(acc, inp, wgt, uops, iter_out, iter_in, f):
+    """The documented GEMM loop nest, sequentially, in int64, wrapped at the end."""
+    acc = acc.astype(np.int64).copy()
+    for o in range(iter_out):
+        for i in range(iter_in):
+            for u in uops:
+                d = u.dst + o * f["dst_factor_out"] + i * f["dst_factor_in"]
+                s = u.src + o * f["src_factor_out"] + i * f["src_factor_in"]
+                w = u.wgt + o * f["wgt_factor_out"] + i * f["wgt_factor_in"]
+                acc[d] += inp[s].astype(np.int64) @ wgt[w].astype(np.int64).T
+    return wrap32(acc)
+
+
+def dst_sequence(uops, iter_out, iter_in, dfo, dfi):
+    return [u.dst + o * dfo + i * dfi for o in range(iter_out) for i in range(iter_in)
+            for u in uops]
+
+
+def has_hazard(dsts, distance):
+    last = {}
+    for j, d in enumerate(dsts):
+        if d in last and j - last[d] < distance:
+            return True
+        last[d] = j
+    return False
+
+
+GEMM_DISTANCE = 3  # docs/timing.md: GEMM latency 3, one op per cycle
+
+
+def run_gemm_case(cfg, uops, iter_out, iter_in, factors, seed, n_inp=40, n_wgt=40, n_acc=48):
+    rng = rng_for("gemm", cfg.name, seed)
+    inp = inp_entries(cfg, rng, n_inp)
+    wgt = wgt_entries(cfg, rng, n_wgt)
+    acc0 = acc_values(cfg, rng, n_acc, -100000, 100000)
+    insn = Gemm(uop_begin=0, uop_end=len(uops), iter_out=iter_out, iter_in=iter_in, **factors)
+    prog = single_shot(cfg, uops=uops,
+                       segments={"inp": inp, "wgt": wgt, "acc": acc0.astype(np.int32),
+                                 "out": out_bytes(cfg, n_acc)},
+                       loads=[load("inp", MemType.INP, x_size=n_inp),
+                              load("wgt", MemType.WGT, x_size=n_wgt),
+                              load("acc", MemType.ACC, x_size=n_acc)],
+                       compute=[insn], stores=[store("out", x_size=n_acc)])
+    dsts = dst_sequence(uops, iter_out, iter_in, factors["dst_factor_out"],
+                        factors["dst_factor_in"])
+    if has_hazard(dsts, GEMM_DISTANCE):
+        with pytest.raises(HazardError):
+            run(prog)
+        return False
+    res = run(prog)
+    expected = gemm_reference(acc0, inp, wgt, uops, iter_out, iter_in, factors)
+    assert_array_equal(res.datapath.acc[:n_acc], expected)
+    assert not res.datapath.acc[n_acc:].any()
+    assert_array_equal(read_out(res, "out", cfg, n_acc), sat8(expected))
+    return True
+
+
+_factor = st.integers(0, 7)
+
+
+@settings(FEW, max_examples=50)
+@given(uops=st.lists(st.builds(Uop, st.integers(0, 7), st.integers(0, 7), st.integers(0, 7)),
+                     min_size=1, max_size=3, unique_by=lambda u: u.dst),
+       iter_out=st.integers(1, 3), iter_in=st.integers(1, 3),
+       factors=st.fixed_dictionaries({k: _factor for k in (
+           "dst_factor_out", "dst_factor_in", "src_factor_out", "src_factor_in",
+           "wgt_factor_out", "wgt_factor_in")}),
+       seed=st.integers(0, 3))
+def test_gemm_loop_nest_hypothesis(uops, iter_out, iter_in, factors, seed):
+    """Random nests; those that repeat a dst row too soon must raise HazardError instead."""
+    run_gemm_case(TINY, uops, iter_out, iter_in, factors, seed)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=CFG_IDS)
+def test_gemm_loop_nest_all_factors(cfg):
+    """Three uops, both loops, every factor nonzero, no dst repeated too soon."""
+    uops = [Uop(dst=0, src=1, wgt=2), Uop(dst=1, src=0, wgt=0), Uop(dst=2, src=3, wgt=1)]
+    factors = dict(dst_factor_out=7, dst_factor_in=3, src_factor_out=5, src_factor_in=2,
+                   wgt_factor_out=4, wgt_factor_in=1)
+    assert run_gemm_case(cfg, uops, iter_out=3, iter_in=2, factors=factors, seed=1)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=CFG_IDS)
+def test_gemm_reduction_over_k(cfg):
+    """dst factor 0 on the outer loop accumulates a K reduction into the same rows."""
+    uops = [Uop(dst=d, src=0, wgt=d) for d in range(3)]
+    factors = dict(dst_factor_out=0, dst_factor_in=3, src_factor_out=1, src_factor_in=5,
+                   wgt_factor_out=3, wgt_factor_in=0)
+    assert run_gemm_case(cfg, uops, iter_out=4, iter_in=2, factors=factors, seed=2)
+
+
+def test_gemm_hazard_at_distance_two_raises():
+    uops = [Uop(dst=0), Uop(dst=1)]
+    factors = dict(dst_factor_out=0, dst_factor_in=0, src_factor_out=1, src_factor_in=0,
+                   wgt_factor_out=0, wgt_factor_in=0)
+    assert not run_gemm_case(TINY, uops, iter_out=2, iter_in=1, factors=factors, seed=0)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=CFG_IDS)
+def test_gemm_reset(cfg):
+    rng = rng_for("reset", cfg.name)
+    n = 16
+    acc0 = acc_values(cfg, rng, n, -10**6, 10**6)
+    acc0[acc0 == 0] = 7
+    uops = [Uop(dst=1), Uop(dst=2)]
+    # rows 1, 2, 6, 7, 11, 12 reset by the nest (o: +5)
+    insn = Gemm(reset=True, uop_begin=0, uop_end=2, iter_out=3, dst_factor_out=5,
+                src_factor_out=9, wgt_factor_out=9)   # src/wgt factors are ignored by reset
+    res, final, out = run_on_acc(cfg, acc0, [insn], uops=uops)
+    expected = acc0.copy()
+    expected[[1, 2, 6, 7, 11, 12]] = 0
+    assert_array_equal(final, expected)
+    assert_array_equal(out, sat8(expected))
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=CFG_IDS)
+def test_gemm_accumulates_across_instructions(cfg):
+    rng = rng_for("two-gemms", cfg.name)
+    inp, wgt = inp_entries(cfg, rng, 4), wgt_entries(cfg, rng, 4)
+    uops = [Uop(dst=r, src=r, wgt=r) for r in range(3)] \
+        + [Uop(dst=r, src=r + 1, wgt=r + 1) for r in range(3)]
+    g1 = Gemm(uop_begin=0, uop_end=3)
+    g2 = Gemm(uop_begin=3, uop_end=6)   # same rows, src + 1, wgt + 1
+    prog = single_shot(cfg, uops=uops,
+                       segments={"inp": inp, "wgt": wgt, "out": out_bytes(cfg, 3)},
+                       loads=[load("inp", MemType.INP, x_size=4),
+                              load("wgt", MemType.WGT, x_size=4)],
+                       compute=[Gemm(reset=True, uop_begin=0, uop_end=3), g1, g2],
+                       stores=[store("out", x_size=3)])
+    res = run(prog)
+    i64, w64 = inp.astype(np.int64), wgt.astype(np.int64)
+    expected = np.stack([i64[r] @ w64[r].T + i64[r + 1] @ w64[r + 1].T for r in range(3)])
+    assert_array_equal(res.datapath.acc[:3], expected)
+    assert_array_equal(read_out(res, "out", cfg, 3), sat8(expected))
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=CFG_IDS)
+def test_gemm_int32_wraparound(cfg):
+    k = cfg.block_in
+    acc0 = np.zeros((3, cfg.batch, cfg.block_out), np.int64)
+    acc0[0] = I32_MAX - 100
+    acc0[1] = I32_MIN + 50
+    acc0[2] = I32_MAX - 10 * k * 127 * 127   # does not overflow
+    inp = np.full((1, cfg.batch, cfg.block_in), 127, np.int8)
+    wgt = np.stack([np.full((cfg.block_out, cfg.block_in), 127, np.int8),
+                    np.full((cfg.block_out, cfg.block_in), -128, np.int8)])
+    uops = [Uop(dst=0, src=0, wgt=0), Uop(dst=1, src=0, wgt=1), Uop(dst=2, src=0, wgt=0)]
+    prog = single_shot(cfg, uops=uops,
+                       segments={"inp": inp, "wgt": wgt, "acc": acc0.astype(np.int32),
+                                 "out": out_bytes(cfg, 3)},
+                       loads=[load("inp", MemType.INP, x_size=1),
+                              load("wgt", MemType.WGT, x_size=2),
+                              load("acc", MemType.ACC, x_size=3)],
+                       compute=[Gemm(uop_begin=0, uop_end=3, iter_out=2)],  # each row twice
+                       stores=[store("out", x_size=3)])
+    res = run(prog)
+    up, down = 2 * k * 127 * 127, 2 * k * 127 * -128
+    expected = np.array([I32_MAX - 100 + up - 2**32, I32_MIN + 50 + down + 2**32,
+                         I32_MAX - 10 * k * 127 * 127 + up])
+    assert expected[0] < 0 < expected[1]              # really wrapped, both ways
+    got = res.datapath.acc[:3].astype(np.int64)
+    assert_array_equal(got, np.broadcast_to(expected[:, None, None], got.shape))
+    assert_array_equal(read_out(res, "out", cfg, 3), sat8(got))
+    assert (read_out(res, "out", cfg, 3)[0] == -128).all()
+
+
+# ================================================================= 5. ALU ops
+def shr_ref(a, b):
+    """Arithmetic shift right by b; a negative b shifts left (wrapping to 32 bits)."""
+    a, b = np.broadcast_arrays(np.asarray(a, np.int64), np.asarray(b, np.int64))
+    out = np.empty(a.shape, np.int64)
+    for idx in np.ndindex(a.shape):
+        x, s = int(a[idx]), int(b[idx])
+        out[idx] = x >> s if s >= 0 else wrap32(x << min(-s, 64))
+    return out
+
+
+def clip_lanes(lo, hi):
+    """The CLIP operand lane: lo in bits 0..15, hi in bits 16..31 (as an int32 value)."""
+    word = (np.asarray(lo, np.int64) & 0xFFFF) | ((np.asarray(hi, np.int64) & 0xFFFF) << 16)
+    return np.where(word >= 2**31, word - 2**32, word)
+
+
+def requant_ref(a, scale):
+    """onnxruntime-style float32 scale and round-half-even, saturated to int32."""
+    y = np.asarray(a).astype(np.float32) * np.asarray(scale, dtype=np.float32)
+    assert y.dtype == np.float32
+    return np.clip(np.rint(y).astype(np.float64), I32_MIN, I32_MAX).astype(np.int64)
+
+
+REF = {
+    "MIN": np.minimum,
+    "MAX": np.maximum,
+    "ADD": lambda a, b: wrap32(a + b),
+    "SUB": lambda a, b: wrap32(a - b),
+    "MUL": lambda a, b: wrap32(a * b),
+    "SHR": shr_ref,
+}
+
+
+def tensor_operand(name, cfg, rng, n):
+    shape = (n, cfg.batch, cfg.block_out)
+    if name == "SHR":
+        b = rng.integers(-40, 41, shape)
+        flat = b.reshape(-1)
+        flat[:6] = [0, 31, 32, -32, I32_MIN, I32_MAX]
+        return b
+    if name == "MUL":
+        b = mixed_acc(cfg, rng, n)
+        b.reshape(-1)[-1] = -1
+        return b
+    return mixed_acc(cfg, rng, n)
+
+
+def run_alu_tensor(cfg, opcode, a, b):
+    """acc rows 0..n-1 = op(a, b) with b in rows n..2n-1; returns (acc rows 0..2n-1, out)."""
+    n = a.shape[0]
+    insn = Alu(alu_op=opcode, uop_begin=0, uop_end=1, iter_out=n, dst_factor_out=1,
+               src_factor_out=1)
+    _, final, out = run_on_acc(cfg, np.concatenate([a, b]), [insn], uops=[Uop(dst=0, src=n)])
+    return final, out
+
+
+@pytest.mark.parametrize("name", sorted(REF))
+@pytest.mark.parametrize("cfg", CONFIGS, ids=CFG_IDS)
+def test_alu_tensor(cfg, name):
+    rng = rng_for("alu-t", cfg.name, name)
+    n = 6
+    a = mixed_acc(cfg, rng, n)
+    b = tensor_operand(name, cfg, rng, n)
+    final, out = run_alu_tensor(cfg, OP[name], a, b)
+    expected = REF[name](a, b)
+    assert_array_equal(final[:n], expected)
+    assert_array_equal(final[n:], b)                 # operand rows untouched
+    assert_array_equal(out, sat8(final))
+
+
+IMMS_32 = {
+    "MIN": [0, -5, 12345, I32_MIN, I32_MAX],
+    "MAX": [0, -5, 12345, I32_MIN, I32_MAX],
+    "ADD": [1, -1, I32_MAX, I32_MIN],
+    "SUB": [1, -7, I32_MIN, I32_MAX],
+    "MUL": [3, -3, 65537, I32_MIN, 0],
+    "SHR": [0, 1, 7, 31, 32, 40, 1000, I32_MAX, -1, -8, -31, -32, -40, I32_MIN],
+}
+IMMS_16 = {
+    "MIN": [0, -5, 12345, -32768, 32767],
+    "MAX": [0, -5, 12345, -32768, 32767],
+    "ADD": [1, -1, 32767, -32768],
+    "SUB": [1, -7, -32768, 32767],
+    "MUL": [3, -3, 32767, -32768],
+    "SHR": [0, 1, 7, 31, 32, 40, 32767, -1, -8, -31, -32, -33, -32768],
+}
+
+
+@pytest.mark.parametrize("name", sorted(REF))
+@pytest.mark.parametrize("cfg", CONFIGS, ids=CFG_IDS)
+def test_alu_immediate(cfg, name):
+    imm_bits = get_isa(cfg).imm_bits
+    imms = IMMS_32[name] if imm_bits == 32 else IMMS_16[name]
+    rng = rng_for("alu-i", cfg.name, name)
+    n = 5
+    a = mixed_acc(cfg, rng, n)
+    # one ALU instruction per immediate, each on its own copy of a (rows k*n..k*n+n-1)
+    acc0 = np.concatenate([a] * len(imms))
+    uops = [Uop(dst=k * n) for k in range(len(imms))]
+    compute = [Alu(alu_op=OP[name], use_imm=True, imm=imm, uop_begin=k, uop_end=k + 1,
+                   iter_out=n, dst_factor_out=1)
+               for k, imm in enumerate(imms)]
+    _, final, out = run_on_acc(cfg, acc0, compute, uops=uops)
+    for k, imm in enumerate(imms):
+        expected = REF[name](a, np.full(a.shape, imm, np.int64))
+        assert_array_equal(final[k * n:(k + 1) * n], expected, err_msg=f"{name} imm={imm}")
+    assert_array_equal(out, sat8(final))
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=CFG_IDS)
+def test_alu_clip_tensor(cfg):
+    rng = rng_for("clip-t", cfg.name)
+    n = 5
+    a = mixed_acc(cfg, rng, n)
+    lo = rng.integers(-32768, 0, (n, cfg.batch, cfg.block_out))
+    hi = rng.integers(0, 32768, (n, cfg.batch, cfg.block_out))
+    flat_lo, flat_hi = lo.reshape(-1), hi.reshape(-1)
+    flat_lo[:3], flat_hi[:3] = [-32768, 0, 50], [32767, 0, 10]   # full, zero, lo > hi
+    final, out = run_alu_tensor(cfg, OP["CLIP"], a, clip_lanes(lo, hi))
+    assert_array_equal(final[:n], np.minimum(np.maximum(a, lo), hi))
+    assert_array_equal(out, sat8(final))
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=CFG_IDS)
+def test_alu_clip_immediate(cfg):
+    half = get_isa(cfg).imm_bits // 2
+    top = 2 ** (half - 1)
+    bounds = [(0, 6), (-128, 127), (-top, top - 1), (-5, -5), (10, -10), (0, 0)]
+    rng = rng_for("clip-i", cfg.name)
+    n = 4
+    a = mixed_acc(cfg, rng, n)
+    acc0 = np.concatenate([a] * len(bounds))
+    uops = [Uop(dst=k * n) for k in range(len(bounds))]
+    compute = [Alu(alu_op=OP["CLIP"], use_imm=True, imm=clip_imm(lo, hi, 2 * half),
+                   uop_begin=k, uop_end=k + 1, iter_out=n, dst_factor_out=1)
+               for k, (lo, hi) in enumerate(bounds)]
+    _, final, out = run_on_acc(cfg, acc0, compute, uops=uops)
+    for k, (lo, hi) in enumerate(bounds):
+        assert_array_equal(final[k * n:(k + 1) * n], np.minimum(np.maximum(a, lo), hi),
+                           err_msg=f"CLIP [{lo}, {hi}]")
+    assert_array_equal(out, sat8(final))
+
+
+def requant_lanes(scales):
+    m, shift = requant.scale_to_params(np.asarray(scales, dtype=np.float32))
+    return requant.pack_params(m, shift).astype(np.int64)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=CFG_IDS)
+def test_alu_requant_tensor(cfg):
+    rng = rng_for("rq-t", cfg.name)
+    n = 6
+    a = mixed_acc(cfg, rng, n)
+    a[0] = np.arange(cfg.batch * cfg.block_out).reshape(cfg.batch, cfg.block_out) * 2 + 1  # odd
+    scales = np.float32(2.0) ** rng.uniform(-24, 6, cfg.block_out).astype(np.float32)
+    scales[:4] = [0.5, 0.0, 1000.0, 2.0**-130]   # ties, zero, int32 saturation, subnormal
+    scales = scales.astype(np.float32)
+    b = np.broadcast_to(requant_lanes(scales), (n, cfg.batch, cfg.block_out)).copy()
+    final, out = run_alu_tensor(cfg, OP["REQUANT"], a, b)
+    expected = requant_ref(a, scales)
+    assert_array_equal(final[:n], expected)
+    assert_array_equal(out, sat8(final))
+    assert (expected == I32_MAX).any() or (expected == I32_MIN).any()   # saturation exercised
+
+
+@FEW
+@given(acc=st.lists(st.integers(I32_MIN, I32_MAX), min_size=8, max_size=8),
+       scales=st.lists(st.floats(0, 2.0**20, width=32, allow_subnormal=True),
+                       min_size=4, max_size=4))
+def test_alu_requant_tensor_hypothesis(acc, scales):
+    cfg = TINY
+    a = np.array(acc, np.int64).reshape(2, 1, 4)
+    scales = np.array(scales, np.float32)
+    b = np.broadcast_to(requant_lanes(scales), a.shape).copy()
+    final, _ = run_alu_tensor(cfg, OP["REQUANT"], a, b)
+    assert_array_equal(final[:2], requant_ref(a, scales))
+
+
+@pytest.mark.parametrize("scale", [0.5, 0.125, 1.0, 3.0, 0.0078125 * 1.5, 1e-3, 7.25e-6,
+                                   2.0**-120, 65535.0])
+def test_alu_requant_immediate_tiny(scale):
+    """On tiny the immediate is 32 bits wide: a packed parameter word fits as is."""
+    cfg = TINY
+    assert get_isa(cfg).imm_bits == 32
+    word = int(requant_lanes([scale])[0])
+    assert I32_MIN <= word <= I32_MAX
+    rng = rng_for("rq-i", scale)
+    n = 6
+    a = mixed_acc(cfg, rng, n)
+    a[0, 0] = [1, 3, 5, -7]       # ties at scale 0.5
+    insn = Alu(alu_op=OP["REQUANT"], use_imm=True, imm=word, uop_begin=0, uop_end=1,
+               iter_out=n, dst_factor_out=1)
+    _, final, out = run_on_acc(cfg, a, [insn], uops=[Uop(dst=0)])
+    assert_array_equal(final, requant_ref(a, np.float32(scale)))
+    assert_array_equal(out, sat8(final))
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=CFG_IDS)
+def test_alu_src_equals_dst(cfg):
+    """An op whose operand is its own dst row reads the old value (a + a, a * a)."""
+    rng = rng_for("self", cfg.name)
+    n = 5
+    a = mixed_acc(cfg, rng, n)
+    compute = [Alu(alu_op=OP["ADD"], uop_begin=0, uop_end=1, iter_out=n, dst_factor_out=1,
+                   src_factor_out=1),
+               Alu(alu_op=OP["MUL"], uop_begin=0, uop_end=1, iter_out=n, dst_factor_out=1,
+                   src_factor_out=1)]
+    _, final, out = run_on_acc(cfg, a, compute, uops=[Uop(dst=0, src=0)])
+    doubled = wrap32(2 * a)
+    assert_array_equal(final, wrap32(doubled * doubled))
+    assert_array_equal(out, sat8(final))
+
+
+def test_alu_reset_and_empty_nests():
+    """ALU reset zeroes dst rows (any alu_op); nests with no iterations change nothing."""
+    cfg = TINY
+    rng = rng_for("alu-reset")
+    acc0 = acc_values(cfg, rng, 10, 1, 1000)
+    compute = [Alu(reset=True, alu_op=15, uop_begin=0, uop_end=1, iter_out=3,
+                   dst_factor_out=3),                                        # rows 1, 4, 7
+               Alu(alu_op=OP["ADD"], use_imm=True, imm=5, iter_out=0, uop_end=1),
+               Alu(alu_op=OP["ADD"], use_imm=True, imm=5, uop_begin=1, uop_end=1),
+               Gemm(iter_in=0, uop_end=1)]
+    _, final, out = run_on_acc(cfg, acc0, compute, uops=[Uop(dst=1)])
+    expected = acc0.copy()
+    expected[[1, 4, 7]] = 0
+    assert_array_equal(final, expected)
+    assert_array_equal(out, sat8(expected))
+
+
+# ============================================= 6. sequential semantics and hazards
+def alu_reference(acc, uops, iter_out, iter_in, f, op, imm=None):
+    """The documented ALU loop nest, one row operation after the other."""
+    acc = acc.astype(np.int64).copy()
+    for o in range(iter_out):
+        for i in range(iter_in):
+            for u in uops:
+                d = u.dst + o * f.get("dst_factor_out", 0) + i * f.get("dst_factor_in", 0)
+                s = u.src + o * f.get("src_factor_out", 0) + i * f.get("src_factor_in", 0)
+                b = np.full(acc[d].shape, imm, np.int64) if imm is not None else acc[s]
+                acc[d] = op(acc[d], b)
+    return acc
+
+
+#: Hazard distances from docs/timing.md: ceil(latency / ii).
+TENSOR_DISTANCE = {"MAX": 2, "ADD": 2, "MUL": 2, "SHR": 2, "REQUANT": 3}
+IMM_DISTANCE = {"MAX": 3, "ADD": 3, "MUL": 4, "SHR": 3, "REQUANT": 6}
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=CFG_IDS)
+@pytest.mark.parametrize("name", ["MAX", "ADD", "MUL"])
+def test_alu_pooling_repeated_dst(cfg, name):
+    """Two interleaved dst rows (distance 2) each fold K different src rows."""
+    rng = rng_for("pool", cfg.name, name)
+    k = 5
+    acc0 = mixed_acc(cfg, rng, 40) if name != "MUL" else acc_values(cfg, rng, 40, -9, 9)
+    uops = [Uop(dst=0, src=10), Uop(dst=1, src=20)]
+    f = dict(dst_factor_out=0, src_factor_out=1)
+    insn = Alu(alu_op=OP[name], uop_begin=0, uop_end=2, iter_out=k, **f)
+    _, final, out = run_on_acc(cfg, acc0, [insn], uops=uops)
+    expected = alu_reference(acc0, uops, k, 1, f, REF[name])
+    assert_array_equal(final, expected)
+    if name == "MAX":   # the running max, spelled out
+        assert_array_equal(final[0], np.maximum(acc0[0], acc0[10:15].max(axis=0)))
+        assert_array_equal(final[1], np.maximum(acc0[1], acc0[20:25].max(axis=0)))
+    if name == "ADD":
+        assert_array_equal(final[0], wrap32(acc0[0] + acc0[10:15].sum(axis=0)))
+    assert_array_equal(out, sat8(final))
+
+
+@pytest.mark.parametrize("name", ["MAX", "ADD", "MUL", "SHR", "REQUANT"])
+def test_alu_repeated_dst_hazard_boundary_tensor(name):
+    cfg = TINY
+    dist = TENSOR_DISTANCE[name]
+    rng = rng_for("hz-t", name)
+    acc0 = acc_values(cfg, rng, 40, -50, 50)
+    if name == "REQUANT":
+        acc0[20:40] = requant_lanes([0.75, 1.5, 0.25, 2.0])
+        ref = lambda a, b: requant_ref(a, np.float32([0.75, 1.5, 0.25, 2.0]))
+    elif name == "SHR":
+        acc0[20:40] = rng.integers(-3, 4, acc0[20:40].shape)
+        ref = REF[name]
+    else:
+        ref = REF[name]
+    f = dict(dst_factor_out=0, src_factor_out=dist)
+    # dist rows written round-robin: each dst row recurs exactly dist ops later
+    ok_uops = [Uop(dst=r, src=20 + r) for r in range(dist)]
+    insn = Alu(alu_op=OP[name], uop_begin=0, uop_end=dist, iter_out=3, **f)
+    _, final, _ = run_on_acc(cfg, acc0, [insn], uops=ok_uops)
+    assert_array_equal(final, alu_reference(acc0, ok_uops, 3, 1, f, ref))
+    # one row fewer: a row recurs dist - 1 ops later
+    bad_uops = ok_uops[:-1] if dist > 1 else ok_uops
+    bad = insn.replace(uop_end=len(bad_uops))
+    with pytest.raises(HazardError, match=f"ALU {name}.*needs {dist}"):
+        run_on_acc(cfg, acc0, [bad], uops=bad_uops)
+
+
+@pytest.mark.parametrize("name", ["MAX", "ADD", "MUL", "REQUANT"])
+def test_alu_repeated_dst_hazard_boundary_imm(name):
+    cfg = TINY
+    dist = IMM_DISTANCE[name]
+    rng = rng_for("hz-i", name)
+    acc0 = acc_values(cfg, rng, 16, -50, 50)
+    imm = int(requant_lanes([0.75])[0]) if name == "REQUANT" else 3
+    ref = (lambda a, b: requant_ref(a, np.float32(0.75))) if name == "REQUANT" else REF[name]
+    uops = [Uop(dst=r) for r in range(dist)]
+    insn = Alu(alu_op=OP[name], use_imm=True, imm=imm, uop_begin=0, uop_end=dist, iter_out=3)
+    _, final, _ = run_on_acc(cfg, acc0, [insn], uops=uops)
+    assert_array_equal(final, alu_reference(acc0, uops, 3, 1, {}, ref, imm=imm))
+    with pytest.raises(HazardError, match=f"needs {dist}"):
+        run_on_acc(cfg, acc0, [insn.replace(uop_end=dist - 1)], uops=uops)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=CFG_IDS)
+def test_alu_reads_row_written_earlier_in_same_instruction(cfg):
+    """acc[o+2] += acc[o]: each op reads the row written two ops before (ADD tensor: allowed)."""
+    rng = rng_for("chain", cfg.name)
+    n = 10
+    acc0 = acc_values(cfg, rng, n + 2, -1000, 1000)
+    uops = [Uop(dst=2, src=0)]
+    f = dict(dst_factor_out=1, src_factor_out=1)
+    insn = Alu(alu_op=OP["ADD"], uop_begin=0, uop_end=1, iter_out=n, **f)
+    _, final, out = run_on_acc(cfg, acc0, [insn], uops=uops)
+    expected = acc0.copy()
+    for o in range(n):
+        expected[o + 2] = expected[o + 2] + expected[o]
+    assert_array_equal(final, wrap32(expected))
+    # a batched (non-sequential) evaluation would give acc0[o + 2] + acc0[o]:
+    assert not np.array_equal(final[4:], acc0[4:] + acc0[2:-2])
+    assert_array_equal(out, sat8(final))
+
+
+def test_alu_reads_rows_written_by_previous_outer_iteration():
+    """Outer iteration o reads the four rows iteration o-1 wrote (distance 4), MAX and MUL."""
+    cfg = TINY
+    rng = rng_for("chain4")
+    acc0 = acc_values(cfg, rng, 16, -20, 20)
+    uops = [Uop(dst=4 + r, src=r) for r in range(4)]
+    f = dict(dst_factor_out=4, src_factor_out=4)
+    for name in ("MAX", "MUL"):
+        insn = Alu(alu_op=OP[name], uop_begin=0, uop_end=4, iter_out=3, **f)
+        _, final, _ = run_on_acc(cfg, acc0, [insn], uops=uops)
+        assert_array_equal(final, alu_reference(acc0, uops, 3, 1, f, REF[name]))
+
+
+def test_alu_operand_hazard_raises():
+    """Reading a row written one op earlier (ADD tensor needs 2) is a hazard."""
+    cfg = TINY
+    acc0 = np.ones((8, 1, 4), np.int64)
+    insn = Alu(alu_op=OP["ADD"], uop_begin=0, uop_end=1, iter_out=5, dst_factor_out=1,
+               src_factor_out=1)
+    with pytest.raises(HazardError, match="operand.*needs 2"):
+        run_on_acc(cfg, acc0, [insn], uops=[Uop(dst=1, src=0)])
+    # REQUANT tensor needs 3: distance 2 is not enough either
+    acc0[:] = requant_lanes([1.0] * 4)
+    rq = insn.replace(alu_op=OP["REQUANT"], iter_out=4)
+    with pytest.raises(HazardError, match="operand.*needs 3"):
+        run_on_acc(cfg, acc0, [rq], uops=[Uop(dst=2, src=0)])
+
+
+# ================================================================ 7. epilogues
+def gemm_then(cfg, rows, epilogue, seed, extra_acc=None, extra_uops=()):
+    """GEMM rows 0..rows-1 (reset + one accumulate), then ``epilogue`` ALU instructions.
+
+    ``extra_acc`` (if given) is loaded into acc rows ``rows..``. Returns the raw GEMM
+    result (numpy), the final acc rows and the stored out rows.
+    """
+    rng = rng_for("epi", cfg.name, seed)
+    inp, wgt = inp_entries(cfg, rng, rows), wgt_entries(cfg, rng, 1)
+    uops = [Uop(dst=0, src=0, wgt=0), *extra_uops]
+    segments = {"inp": inp, "wgt": wgt, "out": out_bytes(cfg, rows)}
+    loads = [load("inp", MemType.INP, x_size=rows), load("wgt", MemType.WGT, x_size=1)]
+    if extra_acc is not None:
+        segments["extra"] = acc_entries(cfg, extra_acc)
+        loads.append(load("extra", MemType.ACC, sram_base=rows, x_size=extra_acc.shape[0]))
+    prog = single_shot(cfg, uops=uops, segments=segments, loads=loads,
+                       compute=[Gemm(reset=True, iter_out=rows, dst_factor_out=1),
+                                Gemm(iter_out=rows, dst_factor_out=1, src_factor_out=1),
+                                *epilogue],
+                       stores=[store("out", x_size=rows)])
+    res = run(prog)
+    g = inp.astype(np.int64) @ wgt[0].astype(np.int64).T
+    return g, res.datapath.acc[:rows].astype(np.int64), read_out(res, "out", cfg, rows)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=CFG_IDS)
+def test_relu_and_clip_epilogue(cfg):
+    bits = get_isa(cfg).imm_bits
+    rows = 8
+    epi = [Alu(alu_op=OP["MAX"], use_imm=True, imm=0, iter_out=rows, dst_factor_out=1),
+           Alu(alu_op=OP["CLIP"], use_imm=True, imm=clip_imm(-20, 100, bits),
+               iter_out=rows, dst_factor_out=1)]
+    g, final, out = gemm_then(cfg, rows, epi, seed=0)
+    expected = np.minimum(np.maximum(np.maximum(g, 0), -20), 100)
+    assert (g < 0).any() and (g > 100).any()
+    assert_array_equal(final, expected)
+    assert_array_equal(out, expected)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=CFG_IDS)
+def test_shift_and_scale_epilogue(cfg):
+    rows = 8
+    epi = [Alu(alu_op=OP["MUL"], use_imm=True, imm=77, iter_out=rows, dst_factor_out=1),
+           Alu(alu_op=OP["SHR"], use_imm=True, imm=9, iter_out=rows, dst_factor_out=1)]
+    g, final, out = gemm_then(cfg, rows, epi, seed=1)
+    expected = wrap32(g * 77) >> 9
+    assert_array_equal(final, expected)
+    assert_array_equal(out, sat8(expected))
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=CFG_IDS)
+def test_per_channel_scale_epilogue(cfg):
+    """MUL by a per-channel multiplier row (tensor operand), SHR, then relu."""
+    rows = 6
+    mult = np.arange(cfg.batch * cfg.block_out).reshape(1, cfg.batch, cfg.block_out) * 37 - 50
+    epi = [Alu(alu_op=OP["MUL"], uop_begin=1, uop_end=2, iter_out=rows, dst_factor_out=1),
+           Alu(alu_op=OP["SHR"], use_imm=True, imm=7, iter_out=rows, dst_factor_out=1),
+           Alu(alu_op=OP["MAX"], use_imm=True, imm=0, iter_out=rows, dst_factor_out=1)]
+    g, final, out = gemm_then(cfg, rows, epi, seed=2, extra_acc=mult,
+                              extra_uops=[Uop(dst=0, src=rows)])
+    expected = np.maximum(wrap32(g * mult) >> 7, 0)
+    assert_array_equal(final, expected)
+    assert_array_equal(out, sat8(expected))
+
+
+# ====================================================== 8. immediate out of range
+@pytest.mark.parametrize("imm", [2**15, -(2**15) - 1, 10**6])
+def test_alu_immediate_out_of_range_pynq(imm):
+    cfg = PYNQ
+    assert get_isa(cfg).imm_bits == 16
+    insn = Alu(alu_op=OP["ADD"], use_imm=True, imm=imm, iter_out=1)
+    with pytest.raises(EncodingError) as info:
+        run_on_acc(cfg, np.zeros((1, 1, 16), np.int64), [insn], uops=[Uop()])
+    msg = str(info.value)
+    assert "imm" in msg and "[-32768, 32767]" in msg and str(imm) in msg
+    assert info.value.field == "imm"
+
+
+def test_alu_immediate_out_of_range_tiny():
+    insn = Alu(alu_op=OP["ADD"], use_imm=True, imm=2**31, iter_out=1)
+    with pytest.raises(EncodingError, match=r"imm must be in \[-2147483648, 2147483647\]"):
+        run_on_acc(TINY, np.zeros((1, 1, 4), np.int64), [insn], uops=[Uop()])
