@@ -11,7 +11,7 @@ import zlib
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from numpy.testing import assert_array_equal
 
 from tessera.config import PRESETS
