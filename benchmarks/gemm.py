@@ -47,7 +47,7 @@ def main() -> None:
             result = simulate(program)
             walls.append(time.perf_counter() - t0)
         exact = np.array_equal(read_result(config, result, program, m, n),
-                               reference_gemm(a, b, epilogue, config.out_width))
+                               reference_gemm(config, a, b, epilogue))
         cycles = result.stats.cycles
         base = base or cycles
         tiles = f"{plan.tile_m * config.batch}x{plan.tile_n * config.block_out}"

@@ -38,14 +38,12 @@ class DramSystem:
         self._flows: list[_Flow] = []
         self._last = 0
         self._generation = 0
-        self.bytes_per_port = [0] * config.dram_ports
 
     def transfer(self, port: int, cycles: int, nbytes: int) -> Event:
         """Stream ``nbytes`` over ``port``; alone this takes ``cycles``. Triggers when done."""
         done = Event(self.kernel)
         if cycles <= 0:
             return done.succeed()
-        self.bytes_per_port[port] += nbytes
         self._advance()
         self._flows.append(_Flow(port, nbytes / cycles, float(nbytes), done))
         self._reschedule()

@@ -111,7 +111,6 @@ class BoundedQueue(_Waitable):
         self.capacity = capacity
         self.latency = latency
         self.items: deque[tuple[int, Any]] = deque()
-        self.high_water = 0
 
     def __len__(self) -> int:
         return len(self.items)
@@ -126,7 +125,6 @@ class BoundedQueue(_Waitable):
     def put(self, item: Any) -> None:
         assert not self.full
         self.items.append((self.kernel.now + self.latency, item))
-        self.high_water = max(self.high_water, len(self.items))
         self._notify()
         if self.latency:
             self.kernel.at(self.kernel.now + self.latency, lambda _: self._notify())

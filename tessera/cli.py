@@ -39,7 +39,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     result = simulate(program, trace=bool(args.trace))
     wall = time.perf_counter() - t0
     got = read_result(config, result, program, m, n)
-    want = reference_gemm(a, b, epilogue, config.out_width)
+    want = reference_gemm(config, a, b, epilogue)
     mismatches = int((got != want).sum())
     print(f"{len(program.instructions)} instructions simulated in {wall:.3f} s")
     print(f"result check against numpy: {'bit-exact' if not mismatches else f'{mismatches} MISMATCHES'}"

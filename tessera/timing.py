@@ -69,17 +69,14 @@ class DmaCost:
     ``data_cycles``: cycles to stream the data with no contention, at most one
     beat and one SRAM entry per cycle, row by row.
     ``pad_cycles``: one cycle per zero-padding entry written (loads only).
+    The instruction takes ``DMA_SETUP_CYCLES + pad_cycles``, then (if
+    ``data_cycles``) ``dram_latency`` plus the streaming time of
+    ``data_cycles`` (longer under contention); see docs/timing.md.
     """
 
     beats: int
     data_cycles: int
     pad_cycles: int
-
-    def cycles(self, config: HwConfig) -> int:
-        """The instruction's duration with no DRAM contention."""
-        if self.data_cycles == 0:
-            return DMA_SETUP_CYCLES + self.pad_cycles
-        return DMA_SETUP_CYCLES + self.pad_cycles + config.dram_latency + self.data_cycles
 
 
 def dma_cost(config: HwConfig, insn: _MemInsn) -> DmaCost:
@@ -107,7 +104,3 @@ def fetch_chunk_insns(config: HwConfig) -> int:
 def fetch_chunk_beats(config: HwConfig, insns: int) -> int:
     return -(-insns * INSN_BYTES // config.bus_bytes)
 
-
-def fetch_chunk_cycles(config: HwConfig, insns: int) -> int:
-    """Reading one chunk with no contention: latency, then one beat per cycle."""
-    return config.dram_latency + fetch_chunk_beats(config, insns)

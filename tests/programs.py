@@ -25,49 +25,37 @@ I32_MIN, I32_MAX = -(2**31), 2**31 - 1
 
 # ------------------------------------------------------------------ DMA specs
 @dataclass(frozen=True)
-class SegLoad:
-    """A LOAD from segment ``segment`` (``offset`` elements in), other fields as given."""
+class SegDma:
+    """A LOAD or STORE (``kind``) at segment ``segment``, ``offset`` elements in."""
 
+    kind: type[Load] | type[Store]
     segment: str
     mem: MemType
     offset: int = 0
     fields: Mapping[str, Any] = field(default_factory=dict)
 
-    def resolve(self, program: Program) -> Load:
+    def resolve(self, program: Program) -> Load | Store:
         base = program.elem_addr(self.segment, self.mem, self.offset)
-        return Load(mem=self.mem, dram_base=base, **self.fields)
+        return self.kind(mem=self.mem, dram_base=base, **self.fields)
 
 
-@dataclass(frozen=True)
-class SegStore:
-    """A STORE (of the output buffer) into segment ``segment``, ``offset`` elements in."""
-
-    segment: str
-    offset: int = 0
-    fields: Mapping[str, Any] = field(default_factory=dict)
-
-    def resolve(self, program: Program) -> Store:
-        base = program.elem_addr(self.segment, MemType.OUT, self.offset)
-        return Store(mem=MemType.OUT, dram_base=base, **self.fields)
-
-
-def load(segment: str, mem: MemType, offset: int = 0, **fields: Any) -> SegLoad:
+def load(segment: str, mem: MemType, offset: int = 0, **fields: Any) -> SegDma:
     """A LOAD spec; ``x_stride`` defaults to ``x_size``, ``y_size``/``x_size`` to 1."""
     fields.setdefault("x_stride", fields.get("x_size", 1))
-    return SegLoad(segment, MemType(mem), offset, fields)
+    return SegDma(Load, segment, MemType(mem), offset, fields)
 
 
-def store(segment: str, offset: int = 0, **fields: Any) -> SegStore:
+def store(segment: str, offset: int = 0, **fields: Any) -> SegDma:
     """A STORE spec; ``x_stride`` defaults to ``x_size``."""
     fields.setdefault("x_stride", fields.get("x_size", 1))
-    return SegStore(segment, offset, fields)
+    return SegDma(Store, segment, MemType.OUT, offset, fields)
 
 
 # ------------------------------------------------------------------- builder
 def single_shot(config: HwConfig, *, segments: Mapping[str, np.ndarray | int] = {},
-                uops: Sequence[Uop] = (), loads: Sequence[SegLoad | Load] = (),
-                compute: Sequence[Instruction | SegLoad] = (),
-                stores: Sequence[SegStore | Store] = ()) -> Program:
+                uops: Sequence[Uop] = (), loads: Sequence[SegDma | Load] = (),
+                compute: Sequence[Instruction | SegDma] = (),
+                stores: Sequence[SegDma | Store] = ()) -> Program:
     """A program that loads, computes, stores and finishes, fully synchronised.
 
     ``segments`` maps segment names to their initial data (raw bytes of any
@@ -82,17 +70,17 @@ def single_shot(config: HwConfig, *, segments: Mapping[str, np.ndarray | int] = 
     for name, data in segments.items():
         p.add_segment(name, data)
 
-    resolved = [spec.resolve(p) if isinstance(spec, SegLoad) else spec for spec in loads]
+    resolved = [spec.resolve(p) if isinstance(spec, SegDma) else spec for spec in loads]
     load_mod = [insn for insn in resolved if module_of(insn) == "load"]
     comp: list[Instruction] = []
     if uops:
         comp.append(Load(mem=MemType.UOP, dram_base=p.elem_addr("uops", MemType.UOP),
                          y_size=1, x_size=len(uops), x_stride=len(uops)))
     comp += [insn for insn in resolved if module_of(insn) == "compute"]
-    comp += [spec.resolve(p) if isinstance(spec, SegLoad) else spec for spec in compute]
+    comp += [spec.resolve(p) if isinstance(spec, SegDma) else spec for spec in compute]
     if any(module_of(insn) != "compute" for insn in comp):
         raise ValueError("compute may hold compute-module instructions only")
-    sts = [spec.resolve(p) if isinstance(spec, SegStore) else spec for spec in stores]
+    sts = [spec.resolve(p) if isinstance(spec, SegDma) else spec for spec in stores]
     finish = Finish()
 
     # load -> compute: the last load-module LOAD releases the first compute instruction.

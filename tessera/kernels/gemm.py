@@ -22,7 +22,8 @@ import numpy as np
 
 from ..config import HwConfig
 from ..errors import ProgramError
-from ..isa import ALU_OPS, Alu, Finish, Gemm, Load, MemType, Program, Store, Uop
+from ..isa import ALU_OPS, Alu, Finish, Gemm, Load, MemType, Program, Store, Uop, get_isa
+from ..isa.intrinsics import saturate, wrap
 from ..timing import COMPUTE_SETUP_CYCLES, DMA_SETUP_CYCLES, GEMM_LATENCY
 
 
@@ -185,13 +186,12 @@ def read_result(config: HwConfig, dram_or_result, program: Program, m: int, n: i
     return unblocked(blocks)
 
 
-def reference_gemm(a: np.ndarray, b: np.ndarray, epilogue: Sequence[tuple[str, int]] = (),
-                   out_bits: int = 8, imm_bits: int = 16) -> np.ndarray:
-    """numpy golden model: int32 (wrapping) GEMM, the epilogue ops, saturation."""
-    acc = (a.astype(np.int64) @ b.astype(np.int64).T)
-    acc = ((acc + 2**31) % 2**32) - 2**31
+def reference_gemm(config: HwConfig, a: np.ndarray, b: np.ndarray,
+                   epilogue: Sequence[tuple[str, int]] = ()) -> np.ndarray:
+    """numpy golden model: wrapping GEMM, the epilogue ops, saturation to the output width."""
+    acc = wrap(a.astype(np.int64) @ b.astype(np.int64).T, config.acc_width)
+    imm_bits = get_isa(config).imm_bits
     for name, imm in epilogue:
         op = ALU_OPS.by_name(name)
-        acc = op.apply(acc, np.full_like(acc, op.imm_to_operand(imm, imm_bits)))
-    lim = 1 << (out_bits - 1)
-    return np.clip(acc, -lim, lim - 1)
+        acc = op.apply(acc, np.full_like(acc, op.imm_to_operand(imm, imm_bits)), config.acc_width)
+    return saturate(acc, config.out_width)
