@@ -1,5 +1,14 @@
-"""``tessera.hw``: the Amaranth accelerator (fetch, load, compute, store).
+"""``tessera.hw``: the accelerator RTL in Amaranth 0.5 and its simulations.
 
-Built from :class:`tessera.config.HwConfig` and the layouts of
-:mod:`tessera.isa`; the RTL arrives with the hardware issue.
+* :mod:`.accelerator`: the whole accelerator (:class:`~.accelerator.Accelerator`),
+  built from one :class:`tessera.config.HwConfig`; :mod:`.fetch`,
+  :mod:`.modules` (load, compute, store), :mod:`.tensor` (GEMM core and
+  tensor ALU), :mod:`.dma`, :mod:`.sequencer` (command and token queues),
+  :mod:`.control` (AXI4-Lite registers), :mod:`.alu_ops` (ALU hardware hooks).
+* :mod:`.export`: Verilog with Vivado-friendly port names (``tessera hw verilog``).
+* :mod:`.rtlsim`: the Verilator simulation driven from Python;
+  :mod:`.amaranth_sim`: the same in Amaranth's simulator, with :mod:`.axi_dram`.
+* :mod:`.resources`: resource estimates with yosys (``tessera hw resources``).
+
+See docs/hardware.md.
 """

@@ -38,6 +38,8 @@ class DramSystem:
         self._flows: list[_Flow] = []
         self._last = 0
         self._generation = 0
+        #: Set once any flow ran below its stand-alone rate.
+        self.contended = False
 
     def transfer(self, port: int, cycles: int, nbytes: int) -> Event:
         """Stream ``nbytes`` over ``port``; alone this takes ``cycles``. Triggers when done."""
@@ -83,6 +85,8 @@ class DramSystem:
             ddr_full = ddr - used <= _EPS
             active = [f for f in active
                       if not (ddr_full or f.port in saturated_ports or f.max_rate - f.rate <= _EPS)]
+        if any(f.max_rate - f.rate > _EPS for f in self._flows):
+            self.contended = True
 
     def _reschedule(self) -> None:
         self._allocate()

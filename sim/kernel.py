@@ -103,7 +103,11 @@ class _Waitable:
 
 
 class BoundedQueue(_Waitable):
-    """A FIFO of ``capacity`` entries; each entry becomes visible ``latency`` cycles after its put."""
+    """A FIFO of ``capacity`` entries; each entry becomes visible ``latency`` cycles after its put.
+
+    As in a hardware FIFO whose fill level is a register, a slot freed by a
+    get in cycle ``t`` can take a new entry from cycle ``t + 1``.
+    """
 
     def __init__(self, kernel: Kernel, name: str, capacity: int, latency: int = 0) -> None:
         super().__init__(kernel)
@@ -111,13 +115,16 @@ class BoundedQueue(_Waitable):
         self.capacity = capacity
         self.latency = latency
         self.items: deque[tuple[int, Any]] = deque()
+        self._gets_cycle = -1
+        self._gets_now = 0          # gets in cycle _gets_cycle, whose slots are not free yet
 
     def __len__(self) -> int:
         return len(self.items)
 
     @property
     def full(self) -> bool:
-        return len(self.items) >= self.capacity
+        freeing = self._gets_now if self._gets_cycle == self.kernel.now else 0
+        return len(self.items) + freeing >= self.capacity
 
     def ready(self) -> bool:
         return bool(self.items) and self.items[0][0] <= self.kernel.now
@@ -131,7 +138,12 @@ class BoundedQueue(_Waitable):
 
     def get(self) -> Any:
         _, item = self.items.popleft()
+        now = self.kernel.now
+        if self._gets_cycle != now:
+            self._gets_cycle, self._gets_now = now, 0
+        self._gets_now += 1
         self._notify()
+        self.kernel.at(now + 1, lambda _: self._notify())
         return item
 
     def wait_ready(self) -> Iterator[Event]:

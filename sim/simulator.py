@@ -117,6 +117,7 @@ class _Run:
         s.gemm_ops, s.gemm_resets, s.alu_ops = (self.data.gemm_ops, self.data.gemm_resets,
                                                 self.data.alu_ops)
         s.leftover_tokens = {k: len(q) for k, q in self.tokens.items() if len(q)}
+        s.dram_contended = self.dram.contended
         return SimResult(self.program, self.data.dram, s, self.trace, self.data)
 
     def _deadlock_report(self) -> str:

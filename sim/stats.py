@@ -45,6 +45,9 @@ class SimStats:
     gemm_resets: int = 0
     alu_ops: int = 0
     leftover_tokens: dict[str, int] = field(default_factory=dict)
+    #: Whether concurrent DRAM transfers ever had to share bandwidth (then the
+    #: RTL's per-beat arbitration may differ from the simulator by a few cycles).
+    dram_contended: bool = False
 
     @property
     def gemm_utilisation(self) -> float:
@@ -66,7 +69,7 @@ class SimStats:
             "gemm_utilisation": self.gemm_utilisation,
             "modules": {m: dict(asdict(s), idle=s.idle(self.cycles)) for m, s in self.modules.items()},
             "dram_read_bytes": self.dram_read_bytes, "dram_write_bytes": self.dram_write_bytes,
-            "leftover_tokens": self.leftover_tokens,
+            "leftover_tokens": self.leftover_tokens, "dram_contended": self.dram_contended,
         }
 
     def table(self) -> str:

@@ -109,6 +109,49 @@ def _cmd_sim(args: argparse.Namespace) -> int:
     return 0
 
 
+def _require_hw():
+    """The hardware layer, or a clear error when the ``hw`` extra is missing."""
+    try:
+        import amaranth  # noqa: F401
+    except ImportError:
+        raise TesseraError("the hardware commands need Amaranth: install the hw extra, "
+                           "pip install -e \".[hw]\"") from None
+    from . import hw
+    return hw
+
+
+def _cmd_hw_verilog(args: argparse.Namespace) -> int:
+    _require_hw()
+    from .hw import export
+
+    config = get_config(args.config)
+    paths = export.write(config, args.output)
+    for path in paths:
+        print(f"wrote {path}")
+    return 0
+
+
+def _cmd_hw_resources(args: argparse.Namespace) -> int:
+    import json
+
+    _require_hw()
+    from .hw import export, resources
+
+    config = get_config(args.config)
+    part = args.part or config.part
+    print(f"synthesising config {config.name!r} for {part} with yosys synth_xilinx "
+          "(a few minutes for the large presets)...", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    report = resources.synthesize(export.verilog(config), export.TOP_NAME, part)
+    took = time.perf_counter() - t0
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        print(f"config {config.name!r} on {part} ({took:.0f} s of synthesis)")
+        print(report.table())
+    return 0 if report.fits else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -149,6 +192,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print statistics as JSON")
     p.add_argument("--dump", metavar="FILE", help="write the final DRAM image")
     p.set_defaults(func=_cmd_sim)
+
+    hw = sub.add_parser("hw", help="hardware: Verilog export and resource estimates")
+    hw_sub = hw.add_subparsers(dest="hw_command", required=True, metavar="HW_COMMAND")
+    p = hw_sub.add_parser("verilog", help="write the accelerator's Verilog and its register "
+                                          "map/ports as JSON")
+    _config_arg(p)
+    p.add_argument("-o", "--output", default=".", metavar="DIR", help="output directory")
+    p.set_defaults(func=_cmd_hw_verilog)
+    p = hw_sub.add_parser("resources", help="synthesise with yosys (synth_xilinx) and print "
+                                            "LUT/FF/DSP/BRAM use against the part")
+    _config_arg(p)
+    p.add_argument("--part", help="FPGA part (default: the config's part)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=_cmd_hw_resources)
     return parser
 
 

@@ -81,3 +81,26 @@ def _locate(message: str, index: int | None, where: str | None) -> str:
     if where:
         parts.append(where)
     return f"{message} ({', '.join(parts)})" if parts else message
+
+
+class CompileError(TesseraError, ValueError):
+    """An operator or graph the compiler cannot turn into a program for a config.
+
+    Messages say what is wrong, where (operator name, tensor, dimension) and
+    what to do about it; ``op`` names the operator when there is one.
+    """
+
+    def __init__(self, message: str, *, op: str | None = None) -> None:
+        self.op = op
+        super().__init__(message)
+
+
+class VerificationError(CompileError):
+    """A program that violates the dependency-token discipline (``tessera.compiler.verify``).
+
+    ``index`` is the instruction index to blame, when there is one.
+    """
+
+    def __init__(self, message: str, *, index: int | None = None) -> None:
+        self.index = index
+        super().__init__(f"{message} (instruction {index})" if index is not None else message)

@@ -54,7 +54,7 @@ def alu_cycles(insn: Alu) -> int:
         return COMPUTE_SETUP_CYCLES + pipeline_cycles(insn.op_count, 1, GEMM_LATENCY)
     timing = ALU_OPS.get(insn.alu_op).timing
     return COMPUTE_SETUP_CYCLES + pipeline_cycles(insn.op_count, timing.ii(insn.use_imm),
-                                                  timing.latency)
+                                                  timing.write_latency(insn.use_imm))
 
 
 def finish_cycles() -> int:

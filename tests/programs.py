@@ -10,6 +10,8 @@ LOADs and STOREs name a DRAM segment instead of a ``dram_base``: see
 """
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -102,11 +104,62 @@ def single_shot(config: HwConfig, *, segments: Mapping[str, np.ndarray | int] = 
     return p
 
 
+#: Configs the ``rtl`` backend runs (one Verilator build each): tiny ones in the default
+#: test run; benchmarks/rtl_agreement.py sets TESSERA_RTL_CONFIGS=pynq.
+RTL_CONFIGS = tuple(os.environ.get("TESSERA_RTL_CONFIGS", "tiny,tiny-b2").split(","))
+#: If set, every sim-vs-RTL comparison appends a JSON line to this file.
+RTL_REPORT = os.environ.get("TESSERA_RTL_REPORT")
+#: Cycle agreement required when concurrent DRAM transfers shared bandwidth.
+CONTENTION_TOLERANCE = 0.02
+
+_backend = "sim"
+
+
+def use_backend(name: str) -> None:
+    """``sim``: :func:`run` simulates. ``rtl``: it also runs the program on the
+    Verilator-compiled RTL and checks that the RTL agrees with the simulator."""
+    global _backend
+    assert name in ("sim", "rtl"), name
+    _backend = name
+
+
 def run(program: Program) -> SimResult:
-    """Simulate ``program`` and check no token is left behind."""
+    """Simulate ``program`` (and, on the ``rtl`` backend, check the RTL agrees);
+    check no token is left behind."""
     result = simulate(program)
     assert not result.stats.leftover_tokens, result.stats.leftover_tokens
+    if _backend == "rtl":
+        assert_rtl_agrees(program, result)
     return result
+
+
+def assert_rtl_agrees(program: Program, sim: SimResult) -> None:
+    """The RTL's final DRAM is bit-identical to the simulator's, its cycle count equal
+    (or within :data:`CONTENTION_TOLERANCE` when DRAM transfers contended)."""
+    import pytest
+
+    if program.config.name not in RTL_CONFIGS:
+        pytest.skip(f"the rtl backend runs configs {RTL_CONFIGS} in the default test run")
+    from tests.rtl import rtl_run
+
+    rtl = rtl_run(program)
+    if RTL_REPORT:
+        with open(RTL_REPORT, "a") as f:
+            f.write(json.dumps({
+                "test": os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0],
+                "config": program.config.name, "instructions": len(program.instructions),
+                "sim_cycles": sim.stats.cycles, "rtl_cycles": rtl.cycles,
+                "contended": sim.stats.dram_contended,
+                "dram_equal": bool(np.array_equal(rtl.dram, sim.dram))}) + "\n")
+    assert rtl.error == 0, f"the RTL stopped with {rtl.error!r} at instruction {rtl.error_index}"
+    diff = np.nonzero(rtl.dram != sim.dram)[0]
+    assert diff.size == 0, (f"DRAM differs at {diff.size} bytes, first at {int(diff[0]):#x}: "
+                            f"sim {sim.dram[diff[:8]]}, rtl {rtl.dram[diff[:8]]}")
+    if sim.stats.dram_contended:
+        assert abs(rtl.cycles - sim.stats.cycles) <= CONTENTION_TOLERANCE * sim.stats.cycles, \
+            (rtl.cycles, sim.stats.cycles)
+    else:
+        assert rtl.cycles == sim.stats.cycles, (rtl.cycles, sim.stats.cycles)
 
 
 # ------------------------------------------------------------- data helpers

@@ -111,7 +111,7 @@ def test_user_op_runs_in_the_simulator_and_goes_away():
 def test_user_op_immediate_decoding_and_timing():
     """A user op's imm_to_operand and hazard distance are what the simulator uses."""
     code = user_opcode()
-    # operand = imm << 8; latency 8: tensor distance ceil(8/2) = 4, imm distance 8
+    # operand = imm << 8; latency 8: imm distance 8, tensor distance ceil((8 + 1) / 2) = 5
     op = Intrinsic("ADDSHIFTED", code, lambda a, b: a + b,
                    timing=AluTiming(ii_imm=1, ii_tensor=2, latency=8),
                    imm_to_operand=lambda imm, bits: imm << 8)
@@ -125,9 +125,9 @@ def test_user_op_immediate_decoding_and_timing():
         assert_array_equal(final, expected)
         with pytest.raises(HazardError, match="ALU ADDSHIFTED.*needs 8"):
             run_on_acc(TINY, acc0, [insn.replace(uop_end=7)], uops=uops)
-        tensor = Alu(alu_op=code, uop_begin=0, uop_end=3, iter_out=2)
-        with pytest.raises(HazardError, match="needs 4"):
-            run_on_acc(TINY, acc0, [tensor], uops=[Uop(dst=r, src=8 + r) for r in range(3)])
+        tensor = Alu(alu_op=code, uop_begin=0, uop_end=4, iter_out=2)
+        with pytest.raises(HazardError, match="needs 5"):
+            run_on_acc(TINY, acc0, [tensor], uops=[Uop(dst=r, src=8 + r) for r in range(4)])
     assert "ADDSHIFTED" not in ALU_OPS
 
 
@@ -306,22 +306,23 @@ def test_clip_operand_out_of_range(lo, hi, which):
 # ====================================================================== timing
 @pytest.mark.parametrize("timing, imm, tensor", [
     (AluTiming(), 3, 2),
-    (AluTiming(ii_imm=1, ii_tensor=2, latency=4), 4, 2),
-    (AluTiming(ii_imm=1, ii_tensor=2, latency=6), 6, 3),
+    (AluTiming(ii_imm=1, ii_tensor=2, latency=4), 4, 3),
+    (AluTiming(ii_imm=1, ii_tensor=2, latency=6), 6, 4),
     (AluTiming(ii_imm=2, ii_tensor=3, latency=7), 4, 3),
-    (AluTiming(ii_imm=1, ii_tensor=1, latency=1), 1, 1),
+    (AluTiming(ii_imm=1, ii_tensor=1, latency=1), 1, 2),
     (AluTiming(ii_imm=4, ii_tensor=4, latency=3), 1, 1),
     (AluTiming(ii_imm=3, ii_tensor=5, latency=9), 3, 2),
 ])
 def test_hazard_distance(timing, imm, tensor):
     assert timing.hazard_distance(True) == imm
     assert timing.hazard_distance(False) == tensor
+    assert timing.write_latency(False) == timing.write_latency(True) + 1
     assert timing.ii(True) == timing.ii_imm and timing.ii(False) == timing.ii_tensor
 
 
 @pytest.mark.parametrize("name, imm, tensor", [
     ("MIN", 3, 2), ("MAX", 3, 2), ("ADD", 3, 2), ("SUB", 3, 2), ("SHR", 3, 2),
-    ("MUL", 4, 2), ("CLIP", 3, 2), ("REQUANT", 6, 3)])
+    ("MUL", 4, 3), ("CLIP", 3, 2), ("REQUANT", 6, 4)])
 def test_builtin_hazard_distances(name, imm, tensor):
     t = ALU_OPS.by_name(name).timing
     assert (t.hazard_distance(True), t.hazard_distance(False)) == (imm, tensor)

@@ -19,6 +19,7 @@ from tessera.errors import EncodingError, HazardError
 from tessera.isa import Alu, Gemm, MemType, Uop, clip_imm, get_isa
 from tessera.isa import requant
 
+from tests import programs
 from tests.programs import (I32_MAX, I32_MIN, acc_entries, load, out_bytes, read_out, run,
                             run_on_acc, sat8, single_shot, store, wrap32)
 
@@ -26,6 +27,14 @@ TINY = PRESETS["tiny"]
 PYNQ = PRESETS["pynq"]
 TINY_B2 = PRESETS["tiny"].replace(batch=2, name="tiny-b2")
 CONFIGS = [TINY, PYNQ, TINY_B2]
+
+
+@pytest.fixture(scope="module", params=["sim", "rtl"], autouse=True)
+def backend(request):
+    """Every test runs on the simulator, then again with the RTL checked against it."""
+    programs.use_backend(request.param)
+    yield request.param
+    programs.use_backend("sim")
 CFG_IDS = [c.name for c in CONFIGS]
 
 #: The built-in ALU opcodes (the ISA's documented numbering).
@@ -677,21 +686,22 @@ def alu_reference(acc, uops, iter_out, iter_in, f, op, imm=None):
     return acc
 
 
-#: Hazard distances from docs/timing.md: ceil(latency / ii).
-TENSOR_DISTANCE = {"MAX": 2, "ADD": 2, "MUL": 2, "SHR": 2, "REQUANT": 3}
+#: Hazard distances from docs/timing.md: ceil(write latency / ii); the tensor form
+#: writes one cycle later than the immediate form.
+TENSOR_DISTANCE = {"MAX": 2, "ADD": 2, "MUL": 3, "SHR": 2, "REQUANT": 4}
 IMM_DISTANCE = {"MAX": 3, "ADD": 3, "MUL": 4, "SHR": 3, "REQUANT": 6}
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=CFG_IDS)
 @pytest.mark.parametrize("name", ["MAX", "ADD", "MUL"])
 def test_alu_pooling_repeated_dst(cfg, name):
-    """Two interleaved dst rows (distance 2) each fold K different src rows."""
+    """Interleaved dst rows (as many as the hazard distance) each fold K different src rows."""
     rng = rng_for("pool", cfg.name, name)
     k = 5
     acc0 = mixed_acc(cfg, rng, 40) if name != "MUL" else acc_values(cfg, rng, 40, -9, 9)
-    uops = [Uop(dst=0, src=10), Uop(dst=1, src=20)]
+    uops = [Uop(dst=r, src=10 * (r + 1)) for r in range(TENSOR_DISTANCE[name])]
     f = dict(dst_factor_out=0, src_factor_out=1)
-    insn = Alu(alu_op=OP[name], uop_begin=0, uop_end=2, iter_out=k, **f)
+    insn = Alu(alu_op=OP[name], uop_begin=0, uop_end=len(uops), iter_out=k, **f)
     _, final, out = run_on_acc(cfg, acc0, [insn], uops=uops)
     expected = alu_reference(acc0, uops, k, 1, f, REF[name])
     assert_array_equal(final, expected)
@@ -786,11 +796,11 @@ def test_alu_operand_hazard_raises():
                src_factor_out=1)
     with pytest.raises(HazardError, match="operand.*needs 2"):
         run_on_acc(cfg, acc0, [insn], uops=[Uop(dst=1, src=0)])
-    # REQUANT tensor needs 3: distance 2 is not enough either
+    # REQUANT tensor needs 4: distance 3 is not enough either
     acc0[:] = requant_lanes([1.0] * 4)
     rq = insn.replace(alu_op=OP["REQUANT"], iter_out=4)
-    with pytest.raises(HazardError, match="operand.*needs 3"):
-        run_on_acc(cfg, acc0, [rq], uops=[Uop(dst=2, src=0)])
+    with pytest.raises(HazardError, match="operand.*needs 4"):
+        run_on_acc(cfg, acc0, [rq], uops=[Uop(dst=3, src=0)])
 
 
 # ================================================================ 7. epilogues

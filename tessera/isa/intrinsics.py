@@ -35,9 +35,11 @@ class AluTiming:
 
     ``ii_imm``/``ii_tensor``: cycles between consecutive row operations with an
     immediate or a tensor operand (a tensor operand needs a second accumulator
-    read). ``latency``: cycles from issuing a row operation to writing its
-    result; a row read fewer than ``hazard_distance`` operations after a write
-    to it would see the old value.
+    read through the same port). ``latency``: cycles from issuing a row
+    operation with an immediate to writing its result; with a tensor operand
+    the result is written one cycle later (:data:`TENSOR_OPERAND_CYCLES`), the
+    second read. A row read fewer than ``hazard_distance`` operations after a
+    write to it would see the old value.
     """
 
     ii_imm: int = 1
@@ -47,9 +49,18 @@ class AluTiming:
     def ii(self, use_imm: bool) -> int:
         return self.ii_imm if use_imm else self.ii_tensor
 
+    def write_latency(self, use_imm: bool) -> int:
+        """Cycles from issue to the result's write, for the immediate or the tensor form."""
+        return self.latency if use_imm else self.latency + TENSOR_OPERAND_CYCLES
+
     def hazard_distance(self, use_imm: bool) -> int:
-        ii = self.ii(use_imm)
-        return -(-self.latency // ii)
+        """Operations between a write and the first read that sees it: every operation
+        reads its rows (``src`` first) the cycle after it issues."""
+        return -(-self.write_latency(use_imm) // self.ii(use_imm))
+
+
+#: Extra cycles of the tensor form: the operand row is read in a second cycle.
+TENSOR_OPERAND_CYCLES = 1
 
 
 def _sign_extend(value: int, bits: int) -> int:

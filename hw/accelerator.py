@@ -1,0 +1,162 @@
+"""The whole accelerator: control, fetch, load, compute, store, buffers, queues, AXI ports.
+
+::
+
+                 s_axi_control (AXI4-Lite)
+                        |
+                    [Control] -- start/finish/error --+
+                        |                             |
+    m_axi_p<fetch> -- [Fetch] --+-- load cmd FIFO --> [Load] -- inp, wgt buffers
+                                +-- compute cmd FIFO -> [Compute] -- uop, acc, out buffers
+                                +-- store cmd FIFO --> [Store]   (reads out)
+    token queues: load->compute, compute->load, compute->store, store->compute
+
+Every module's DMA goes through the AXI4 master of the DRAM port the config
+assigns it (``tessera.regmap.axi_ports``). A ``start`` resets every module,
+queue and FIFO (not the buffers), so a run never sees the state of the last.
+"""
+from __future__ import annotations
+
+from amaranth.hdl import Cat, Module, ResetInserter, Signal
+from amaranth.lib import fifo, memory, wiring
+from amaranth.lib.wiring import In, Out
+
+from tessera.config import HwConfig
+from tessera.errors import ConfigError
+from tessera.isa import INSN_BITS, get_isa
+from tessera.regmap import axi_ports
+
+from .control import ERROR_BITS, Control
+from .fetch import TARGETS, Fetch
+from .modules import ComputeModule, LoadModule, StoreModule
+from .ports import axi_lite_signature, axi_read_members, axi_signature, axi_write_members
+from .sequencer import INDEX_BITS, TokenQueue
+
+#: Token queues as (producer, consumer).
+TOKEN_QUEUES = (("load", "compute"), ("compute", "load"), ("compute", "store"),
+                ("store", "compute"))
+#: Each module's previous and next neighbour (as in the simulator).
+NEIGHBOURS = {"load": (None, "compute"), "compute": ("load", "store"), "store": ("compute", None)}
+
+
+class Accelerator(wiring.Component):
+    """The accelerator for one :class:`HwConfig`, with AXI ports named as in ``tessera.regmap``."""
+
+    def __init__(self, config: HwConfig) -> None:
+        self.config = config
+        self.ports = axi_ports(config)
+        for p in self.ports:
+            if len(p.readers) > 1:
+                raise ConfigError(
+                    f"DRAM port {p.index} is shared by {', '.join(p.readers)}: the RTL gives "
+                    "each reading module its own AXI port; assign them different ports in "
+                    f"module_ports (config {config.name!r})")
+        members = {"s_axi_control": In(axi_lite_signature()), "interrupt": Out(1)}
+        for p in self.ports:
+            members[p.name] = Out(axi_signature(p.data_bits, read=p.reads, write=p.writer))
+        super().__init__(members)
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        c = self.config
+        isa = get_isa(c)
+        m.submodules.control = ctrl = Control(c)
+        wiring.connect(m, wiring.flipped(self.s_axi_control), ctrl.bus)
+        m.d.comb += self.interrupt.eq(ctrl.interrupt)
+
+        # A start clears the run state of everything below (buffers keep their contents).
+        def run_scoped(name, component):
+            m.submodules[name] = ResetInserter({"sync": ctrl.start})(component)
+            return component
+
+        fetch = run_scoped("fetch", Fetch(c))
+        mods = {"load": run_scoped("load", LoadModule(c)),
+                "compute": run_scoped("compute", ComputeModule(c)),
+                "store": run_scoped("store", StoreModule(c))}
+
+        # ---- buffers
+        def buffer(name, width, depth):
+            mem = memory.Memory(shape=width, depth=depth, init=[])
+            m.submodules[name] = mem
+            return mem
+
+        uop = buffer("uop_buf", isa.uop_layout.bits, c.uop_depth)
+        inp = buffer("inp_buf", c.inp_entry_bytes * 8, c.inp_depth)
+        wgt = buffer("wgt_buf", c.wgt_entry_bytes * 8, c.wgt_depth)
+        acc = buffer("acc_buf", c.acc_entry_bytes * 8, c.acc_depth)
+        out = buffer("out_buf", c.out_entry_bytes * 8, c.out_depth)
+        load, comp, store = mods["load"], mods["compute"], mods["store"]
+        for mem, port in ((uop, comp.uop_wr), (inp, load.inp_wr), (wgt, load.wgt_wr),
+                          (acc, comp.acc_wr), (out, comp.out_wr)):
+            wp = mem.write_port()
+            m.d.comb += [wp.addr.eq(port.addr), wp.data.eq(port.data), wp.en.eq(port.en)]
+        for mem, port in ((uop, comp.uop_rd), (inp, comp.inp_rd), (wgt, comp.wgt_rd),
+                          (acc, comp.acc_rd), (out, store.out_rd)):
+            rp = mem.read_port()
+            m.d.comb += [rp.addr.eq(port.addr), rp.en.eq(port.en), port.data.eq(rp.data)]
+
+        # ---- command queues
+        for t in TARGETS:
+            q = fifo.SyncFIFO(width=INSN_BITS + INDEX_BITS, depth=c.cmd_queue_depth)
+            m.submodules[f"{t}_cmd"] = ResetInserter({"sync": ctrl.start})(q)
+            seq = mods[t].seq
+            m.d.comb += [q.w_data.eq(getattr(fetch, f"cmd_{t}_data")),
+                         q.w_en.eq(getattr(fetch, f"cmd_{t}_en")),
+                         getattr(fetch, f"cmd_{t}_rdy").eq(q.w_rdy),
+                         seq.cmd_rdy.eq(q.r_rdy), seq.cmd_data.eq(q.r_data), q.r_en.eq(seq.cmd_en)]
+
+        # ---- token queues
+        tokens = {}
+        for a, b in TOKEN_QUEUES:
+            q = TokenQueue(c.token_queue_depth)
+            m.submodules[f"tokens_{a}_{b}"] = ResetInserter({"sync": ctrl.start})(q)
+            tokens[a, b] = q
+        for name, mod in mods.items():
+            seq = mod.seq
+            for side, other in zip(("prev", "next"), NEIGHBOURS[name]):
+                if other is None:
+                    continue
+                inq, outq = tokens[other, name], tokens[name, other]
+                m.d.comb += [getattr(seq, f"can_pop_{side}").eq(inq.can_pop),
+                             inq.pop.eq(getattr(seq, f"pop_{side}")),
+                             getattr(seq, f"can_push_{side}").eq(outq.can_push),
+                             outq.push.eq(getattr(seq, f"push_{side}"))]
+
+        # ---- errors, halt, finish
+        codes = [("fetch", fetch.error_code, fetch.error_index)] + \
+            [(n, mods[n].error, mods[n].seq.index) for n in ("load", "compute", "store")]
+        code, index = Signal(ERROR_BITS), Signal(INDEX_BITS)
+        for _, c_sig, i_sig in reversed(codes):
+            with m.If(c_sig != 0):
+                m.d.comb += [code.eq(c_sig), index.eq(i_sig)]
+        # Halting from the latched error (one cycle late) keeps the error paths free of
+        # combinational loops; the failing executor itself has already stopped.
+        halt = Signal()
+        m.d.comb += [ctrl.error_code.eq(code), ctrl.error_index.eq(index),
+                     halt.eq(ctrl.error),
+                     ctrl.finish.eq(comp.finish),
+                     ctrl.stopped.eq(~fetch.busy & ~Cat(*(mods[n].busy for n in mods)).any()),
+                     fetch.run.eq(ctrl.running), fetch.halt.eq(halt),
+                     fetch.insn_addr.eq(ctrl.insn_addr), fetch.insn_count.eq(ctrl.insn_count)]
+        for mod in mods.values():
+            # A module whose instruction failed starts nothing more, even before the latch.
+            m.d.comb += mod.seq.halt.eq(halt | ~ctrl.running | (mod.error != 0))
+
+        # ---- AXI ports
+        engines = {"fetch": fetch, **mods}
+        for p in self.ports:
+            port = getattr(self, p.name)
+            names = []
+            if p.reads:
+                names += [(p.readers[0], n) for n in axi_read_members(p.data_bits)]
+            if p.writer:
+                names += [("store", n) for n in axi_write_members(p.data_bits)]
+            for module, name in names:
+                src = getattr(engines[module].axi, name)
+                dst = getattr(port, name)
+                flow = axi_signature(p.data_bits).members[name].flow
+                if flow == Out:
+                    m.d.comb += dst.eq(src)
+                else:
+                    m.d.comb += src.eq(dst)
+        return m
