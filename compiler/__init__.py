@@ -1,4 +1,48 @@
-"""``tessera.compiler``: ONNX in, accelerator programs and CPU kernels out.
+"""``tessera.compiler``: operators in, accelerator programs out.
 
-Targets the ISA in :mod:`tessera.isa`; arrives with the compiler issues.
+Build operators (:mod:`.ops`), compile them with :func:`compile_ops` for any
+:class:`~tessera.config.HwConfig`, run the result on the simulator::
+
+    from tessera.compiler import Conv2d, compile_ops, requantize
+    conv = Conv2d("c1", "x", "y", weight, stride=1, padding=1,
+                  epilogue=requantize(scale, relu=True, bias=bias))
+    compiled = compile_ops([conv], {"x": (1, 64, 56, 56)}, "pynq")
+    outputs, result = compiled.run({"x": x})
+
+The passes, each checked by a verifier in the tests: ``plan_conv_tiles`` /
+``plan_alu_tiles`` (tiling, analytic legality, cost model),
+``tensorize_conv2d`` / ``tensorize_pool2d`` / ``tensorize_eltwise``
+(loop nests to GEMM/ALU instructions and uop kernels), ``plan_dram`` (tensor
+placement with reuse), ``insert_dependency_tokens`` (hazard analysis of the
+load/compute/store streams) and ``verify_program``. See docs/compiler.md.
 """
+from .acctile import AluPlan, plan_alu_tiles
+from .build import CompiledProgram, compile_op, compile_ops, infer_shapes
+from .conv import ConvGeom, ConvPlan, estimate_conv_cycles, plan_conv_tiles, tensorize_conv2d
+from .dram import DramPlan, plan_dram, verify_dram_plan
+from .eltwise import tensorize_eltwise
+from .epilogue import decompose_bias, plan_epilogue
+from tessera.errors import CompileError, VerificationError
+from .layout import (ActLayout, GroupBlocks, pack_activation, pack_conv_weights, pack_weights,
+                     unpack_activation, unpack_conv_weights, unpack_weights)
+from .nest import map_nest
+from .ops import (AddConst, Bias, Clip, Conv2d, Dense, Eltwise, Pool2d, Requant, Residual, Shift,
+                  clip, relu, requantize)
+from .packing import KernelPacking, choose_packing, pack_small_channel_convs
+from .pool import tensorize_pool2d
+from .roofline import Roofline, conv_roofline
+from .sync import insert_dependency_tokens
+from .verify import VerifyReport, verify_program
+
+__all__ = [
+    "ActLayout", "AddConst", "AluPlan", "Bias", "Clip", "CompileError", "CompiledProgram",
+    "Conv2d", "ConvGeom", "ConvPlan", "Dense", "DramPlan", "Eltwise", "GroupBlocks",
+    "KernelPacking", "Pool2d", "Requant", "Residual", "Roofline", "Shift", "VerificationError",
+    "VerifyReport", "choose_packing", "clip", "compile_op", "compile_ops", "conv_roofline",
+    "decompose_bias", "estimate_conv_cycles", "infer_shapes", "insert_dependency_tokens",
+    "map_nest", "pack_activation", "pack_conv_weights", "pack_small_channel_convs",
+    "pack_weights", "plan_alu_tiles", "plan_conv_tiles", "plan_dram", "plan_epilogue",
+    "relu", "requantize", "tensorize_conv2d", "tensorize_eltwise", "tensorize_pool2d",
+    "unpack_activation", "unpack_conv_weights", "unpack_weights", "verify_dram_plan",
+    "verify_program",
+]

@@ -1,0 +1,224 @@
+"""``compile_ops``: several operators into one program (one launch, one FINISH).
+
+Passes, in order:
+
+1. shape inference over the operator list;
+2. ``plan_dram`` (:mod:`.dram`): program inputs and outputs get named
+   segments the runtime fills and reads; intermediate tensors share one arena
+   segment, at offsets reused once a tensor is dead;
+3. per operator, ``plan_*_tiles`` and ``tensorize_*`` append its instructions
+   (no tokens) to one :class:`~.emit.Emitter`;
+4. FINISH, then :func:`~.sync.insert_dependency_tokens` over the whole
+   stream: DRAM hazards between operators (a layer's loads waiting for the
+   stores of the tile they read) are ordered by the same analysis as the
+   on-chip ones.
+
+The result is a :class:`CompiledProgram`: the program plus where each tensor
+lives, with helpers to bind inputs and read outputs.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from tessera.config import HwConfig, get_config
+from tessera.isa import Program
+
+from .conv import TensorInfo, tensorize_conv2d
+from .dram import DramPlan, plan_dram
+from .emit import Emitter
+from tessera.errors import CompileError
+from .layout import ActLayout, int_dtype, pack_activation, unpack_activation
+from .ops import Conv2d, Dense, Eltwise, Op, Pool2d
+from .sync import insert_dependency_tokens
+
+
+@dataclass
+class CompiledProgram:
+    """A compiled operator sequence: the program and the placement of its tensors."""
+
+    config: HwConfig
+    program: Program
+    tensors: dict[str, TensorInfo]
+    inputs: list[str]
+    outputs: list[str]
+    plans: dict[str, object] = field(default_factory=dict)
+    dram: DramPlan | None = None
+    compile_seconds: float = 0.0
+    #: Host-side transforms producing a device input from a program input (kernel-position
+    #: packing): ``{device input: fn}``, ``fn.source`` names the program input it reads.
+    input_transforms: dict[str, Callable[[np.ndarray], np.ndarray]] = field(default_factory=dict)
+    #: The tensors the host writes into DRAM (the inputs, or their transformed versions).
+    device_inputs: list[str] = field(default_factory=list)
+
+    def bind(self, inputs: Mapping[str, np.ndarray]) -> Program:
+        """A copy of the program with ``inputs`` (logical NCHW / NC arrays) packed into DRAM."""
+        missing = [n for n in self.inputs if n not in inputs]
+        if missing:
+            raise CompileError(f"inputs {missing} were not given (the program reads "
+                               f"{self.inputs})")
+        prog = Program(self.config, self.program.instructions,
+                       [type(s)(s.name, s.addr, s.data) for s in self.program.segments])
+        for name in self.device_inputs or self.inputs:
+            if name in self.input_transforms:
+                fn = self.input_transforms[name]
+                x = fn(np.asarray(inputs[fn.source]))  # type: ignore[attr-defined]
+            else:
+                x = np.asarray(inputs[name])
+            info = self.tensors[name]
+            packed = pack_activation(x, info.layout, int_dtype(self.config.inp_width))
+            seg = prog.segment(info.place.segment)
+            raw = packed.view(np.uint8).reshape(-1)
+            data = seg.data.copy()
+            data[info.place.offset:info.place.offset + raw.size] = raw
+            seg.data = data
+        return prog
+
+    def read(self, result, name: str) -> np.ndarray:
+        """Tensor ``name`` (logical shape) out of a simulation result's DRAM."""
+        info = self.tensors[name]
+        dram = getattr(result, "dram", result)
+        seg = self.program.segment(info.place.segment)
+        dtype = int_dtype(self.config.out_width)
+        n = info.layout.values * np.dtype(dtype).itemsize
+        raw = dram[seg.addr + info.place.offset: seg.addr + info.place.offset + n]
+        return unpack_activation(raw.view(dtype), info.layout)
+
+    def run(self, inputs: Mapping[str, np.ndarray], **sim_options):
+        """Simulate with ``inputs``; returns ``(outputs dict, SimResult)``."""
+        from tessera.sim import simulate
+        result = simulate(self.bind(inputs), **sim_options)
+        return {name: self.read(result, name) for name in self.outputs}, result
+
+
+def infer_shapes(ops: Sequence[Op], input_shapes: Mapping[str, tuple[int, ...]]
+                 ) -> dict[str, tuple[int, int, int, int]]:
+    """Logical ``(N, C, H, W)`` shape of every tensor."""
+    shapes: dict[str, tuple[int, int, int, int]] = {}
+    for name, s in input_shapes.items():
+        s = tuple(int(v) for v in s)
+        shapes[name] = s + (1,) * (4 - len(s)) if len(s) < 4 else s  # type: ignore[assignment]
+    for op in ops:
+        for t in op.inputs:
+            if t not in shapes:
+                raise CompileError(f"operator {op.name!r} reads tensor {t!r}, which no earlier "
+                                   "operator produces and which is not a program input",
+                                   op=op.name)
+        out = op.output_shape(shapes[op.inputs[0]])
+        if op.output in shapes:
+            raise CompileError(f"operator {op.name!r} writes tensor {op.output!r}, which already "
+                               "exists: tensors are written once", op=op.name)
+        shapes[op.output] = out
+    return shapes
+
+
+def plan_layouts(ops: Sequence[Op], shapes: Mapping[str, tuple[int, int, int, int]],
+                 config: HwConfig) -> dict[str, ActLayout]:
+    """The packed layout of every tensor: operator outputs come in ``block_out`` channel
+    blocks (accumulator rows); a program input in the blocks its readers need --
+    ``block_in`` for the GEMM's input, ``block_out`` for accumulator (acc8) loads."""
+    need: dict[str, dict[int, str]] = {}
+    for op in ops:
+        gemm_input = op.input if isinstance(op, (Conv2d, Dense)) else None
+        for t in op.inputs:
+            block = config.block_in if t == gemm_input else config.block_out
+            need.setdefault(t, {})[block] = op.name
+    produced = {op.output for op in ops}
+    for op in ops:
+        if isinstance(op, (Conv2d, Dense)) and op.input in produced and (
+                config.block_in != config.block_out or config.inp_width != config.out_width):
+            raise CompileError(f"{op.name!r} reads {op.input!r}, which an operator stores in "
+                               f"{config.out_width}-bit blocks of {config.block_out} channels, "
+                               f"but config {config.name!r}'s GEMM reads {config.inp_width}-bit "
+                               f"blocks of {config.block_in}: it cannot be chained on this "
+                               "config", op=op.name)
+    layouts = {}
+    for name, shape in shapes.items():
+        if name in produced:
+            layouts[name] = ActLayout.of(shape, config, config.block_out)
+            continue
+        blocks = need.get(name, {config.block_in: ""})
+        if len(blocks) > 1:
+            raise CompileError(f"input {name!r} is read by {blocks[config.block_in]!r} in blocks "
+                               f"of {config.block_in} channels and by "
+                               f"{blocks[config.block_out]!r} in blocks of {config.block_out} "
+                               f"(config {config.name!r}): give each its own input")
+        layouts[name] = ActLayout.of(shape, config, next(iter(blocks)))
+    return layouts
+
+
+def compile_ops(ops: Sequence[Op], input_shapes: Mapping[str, tuple[int, ...]],
+                config: HwConfig | str | None = None, *, outputs: Sequence[str] | None = None,
+                threads: int = 2, plans: Mapping[str, object] | None = None,
+                pack_small_channels: bool = True, verify: bool = False) -> CompiledProgram:
+    """Compile ``ops`` (in execution order) into one program for ``config``.
+
+    ``input_shapes`` gives the program inputs' logical shapes; ``outputs`` the
+    tensors the host reads back (default: those no operator consumes).
+    ``threads`` is the number of virtual threads (1 disables latency hiding).
+    ``plans`` forces a tiling per operator name. ``pack_small_channels`` lets
+    a convolution reading a program input with few channels pack kernel
+    positions into the channel block (the host applies the matching input
+    transform in :meth:`CompiledProgram.bind`). ``verify`` runs
+    :func:`~.verify.verify_program` on the result.
+    """
+    t0 = time.perf_counter()
+    cfg = get_config(config)
+    if threads not in (1, 2):
+        raise CompileError(f"threads must be 1 or 2, not {threads}")
+    ops = list(ops)
+    user_inputs = list(input_shapes)
+    input_transforms: dict[str, Callable] = {}
+    if pack_small_channels:
+        from .packing import pack_small_channel_convs
+        ops, input_shapes, input_transforms = pack_small_channel_convs(ops, dict(input_shapes),
+                                                                        cfg)
+    shapes = infer_shapes(ops, input_shapes)
+    # Device inputs: the inputs operators read. One whose readers all take its packed form
+    # needs no segment of its own.
+    read = {t for op in ops for t in op.inputs}
+    input_shapes = {k: v for k, v in input_shapes.items() if k in read}
+    produced = {op.output for op in ops}
+    shapes = {k: v for k, v in shapes.items() if k in input_shapes or k in produced}
+    outs = list(outputs) if outputs is not None else [op.output for op in ops
+                                                      if op.output not in read]
+    for name in outs:
+        if name not in shapes:
+            raise CompileError(f"output {name!r} is not a tensor of the program")
+    em = Emitter(cfg)
+    layouts = plan_layouts(ops, shapes, cfg)
+    dram = plan_dram(ops, shapes, list(input_shapes), outs, cfg, em, layouts)
+    tensors = {name: TensorInfo(name, layouts[name], dram.places[name]) for name in shapes}
+    used_plans: dict[str, object] = {}
+    for op in ops:
+        forced = (plans or {}).get(op.name)
+        res = {t: tensors[t] for t in op.inputs[1:]}
+        if isinstance(op, (Conv2d, Dense)):
+            used_plans[op.name] = tensorize_conv2d(em, op, tensors[op.inputs[0]],
+                                                   tensors[op.output], res, threads=threads,
+                                                   plan=forced)  # type: ignore[arg-type]
+        elif isinstance(op, Pool2d):
+            from .pool import tensorize_pool2d
+            used_plans[op.name] = tensorize_pool2d(em, op, tensors[op.input], tensors[op.output],
+                                                   res, threads=threads, plan=forced)
+        elif isinstance(op, Eltwise):
+            from .eltwise import tensorize_eltwise
+            used_plans[op.name] = tensorize_eltwise(em, op, tensors, threads=threads,
+                                                    plan=forced)
+        else:
+            raise CompileError(f"unsupported operator {op!r}")
+    program = insert_dependency_tokens(em.finish())
+    if verify:
+        from .verify import verify_program
+        verify_program(program)
+    return CompiledProgram(cfg, program, tensors, user_inputs, outs, used_plans, dram,
+                           time.perf_counter() - t0, input_transforms, list(input_shapes))
+
+
+def compile_op(op: Op, input_shapes: Mapping[str, tuple[int, ...]],
+               config: HwConfig | str | None = None, **options) -> CompiledProgram:
+    """One operator as a program (see :func:`compile_ops`)."""
+    return compile_ops([op], input_shapes, config, **options)

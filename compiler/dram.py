@@ -1,0 +1,135 @@
+"""``plan_dram``: where every tensor of a compiled program lives in DRAM.
+
+Program inputs and outputs each get a named segment (the runtime writes and
+reads those by name). Intermediate tensors share one ``arena`` segment:
+each is live from the operator that writes it to the last operator that reads
+it, and a first-fit allocator reuses the space of dead tensors. Reuse is safe
+with overlapping execution because the token pass orders the later
+operator's stores after the earlier operator's loads of the same bytes
+(a DRAM write-after-read hazard like any other).
+
+Offsets are aligned to :data:`ALIGN` bytes, a multiple of every activation
+element size and of the bus width, so DMA rows start on a beat.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from tessera.config import HwConfig
+
+from .emit import Emitter, Place
+from tessera.errors import CompileError
+from .layout import ActLayout
+from .ops import Op
+
+ALIGN = 64
+
+
+@dataclass
+class DramPlan:
+    """Segment and offset of each tensor, and the arena's size and reuse."""
+
+    places: dict[str, Place]
+    arena_bytes: int = 0
+    intermediate_bytes: int = 0
+    lifetimes: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+def tensor_bytes(shape: tuple[int, ...], config: HwConfig, layout: ActLayout | None = None) -> int:
+    """DRAM bytes of an activation tensor in its packed layout (default: ``block_out``
+    channel blocks, as operators store them)."""
+    layout = layout or ActLayout.of(shape, config, config.block_out)
+    return layout.entries * layout.batch * layout.block * config.out_width // 8
+
+
+def _align(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def plan_dram(ops: Sequence[Op], shapes: Mapping[str, tuple[int, int, int, int]],
+              inputs: Sequence[str], outputs: Sequence[str], config: HwConfig,
+              em: Emitter, layouts: Mapping[str, ActLayout] | None = None) -> DramPlan:
+    """Place every tensor; adds the input, output and arena segments to ``em``."""
+    layouts = layouts or {}
+
+    def nbytes(name: str) -> int:
+        return tensor_bytes(shapes[name], config, layouts.get(name))
+    places: dict[str, Place] = {}
+    for name in inputs:
+        places[name] = Place(em.add_segment(name, nbytes(name)))
+    for name in outputs:
+        if name not in places:
+            places[name] = Place(em.add_segment(name, nbytes(name)))
+    # Lifetimes in operator indices: [producer, last consumer].
+    life: dict[str, list[int]] = {}
+    for k, op in enumerate(ops):
+        if op.output not in places:
+            life[op.output] = [k, k]
+        for t in op.inputs:
+            if t in life:
+                life[t][1] = max(life[t][1], k)
+    free: list[tuple[int, int]] = []   # (offset, size) holes
+    active: dict[str, tuple[int, int]] = {}
+    top = 0
+    offsets: dict[str, int] = {}
+    total = 0
+    for k, op in enumerate(ops):
+        # Tensors whose last reader ran before operator k are dead: their space is free.
+        for name, (off, size) in list(active.items()):
+            if life[name][1] < k:
+                del active[name]
+                free.append((off, size))
+        free.sort()
+        merged: list[tuple[int, int]] = []
+        for off, size in free:
+            if merged and merged[-1][0] + merged[-1][1] == off:
+                merged[-1] = (merged[-1][0], merged[-1][1] + size)
+            else:
+                merged.append((off, size))
+        free = merged
+        name = op.output
+        if name not in life:
+            continue
+        need = _align(nbytes(name))
+        total += need
+        for i, (off, size) in enumerate(free):
+            if size >= need:
+                offsets[name] = off
+                free[i] = (off + need, size - need)
+                break
+        else:
+            offsets[name] = top
+            top += need
+        active[name] = (offsets[name], need)
+    if offsets:
+        arena = em.add_segment("arena", top)
+        for name, off in offsets.items():
+            places[name] = Place(arena, off)
+    missing = [n for n in shapes if n not in places]
+    if missing:
+        raise CompileError(f"tensors {missing} were never placed")
+    return DramPlan(places, top, total, {k: tuple(v) for k, v in life.items()})
+
+
+def verify_dram_plan(plan: DramPlan, shapes: Mapping[str, tuple[int, int, int, int]],
+                     config: HwConfig) -> None:
+    """Check ``plan``: every arena tensor inside the arena, aligned, and no two tensors
+    that are live at the same time (lifetimes overlap) share a byte."""
+    arena = [(n, p) for n, p in plan.places.items() if n in plan.lifetimes]
+    for name, place in arena:
+        size = tensor_bytes(shapes[name], config)
+        if place.offset % ALIGN or place.offset + size > plan.arena_bytes:
+            raise CompileError(f"plan_dram: tensor {name!r} at offset {place.offset} "
+                               f"({size} bytes) is misaligned or outside the "
+                               f"{plan.arena_bytes}-byte arena")
+    for i, (a, pa) in enumerate(arena):
+        la, sa = plan.lifetimes[a], tensor_bytes(shapes[a], config)
+        for b, pb in arena[i + 1:]:
+            lb, sb = plan.lifetimes[b], tensor_bytes(shapes[b], config)
+            live_together = la[0] <= lb[1] and lb[0] <= la[1]
+            overlap = pa.offset < pb.offset + sb and pb.offset < pa.offset + sa
+            if live_together and overlap:
+                raise CompileError(f"plan_dram: tensors {a!r} (operators {la[0]}..{la[1]}) and "
+                                   f"{b!r} (operators {lb[0]}..{lb[1]}) are live together but "
+                                   "share arena bytes")

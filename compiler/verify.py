@@ -1,0 +1,254 @@
+"""``verify_program``: static checks of the dependency-token discipline of any program.
+
+It checks, without running the data path:
+
+1. **Balance**: every token queue gets as many pushes as pops, so nothing is
+   left behind at the exit.
+2. **Progress**: an untimed execution of fetch, the command queues and the
+   three modules with the config's queue depths reaches FINISH (no deadlock;
+   the system is monotone, so one schedule decides it for all). It yields the
+   push each pop takes.
+3. **Hazards covered**: for every pair of instructions of different modules
+   that touch the same entries or DRAM bytes (one of them writing), the earlier
+   one (in program order) finishes before the later one starts, through
+   in-order execution and token pairs (vector clocks). FINISH must come after
+   everything.
+4. **Uop hazards** (optional): inside each GEMM/ALU no accumulator row is read
+   fewer operations after a write than the pipeline needs (the rule the
+   hardware does not check).
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from tessera import timing
+from tessera.config import HwConfig
+from tessera.isa import ALU_OPS, Alu, Finish, Gemm, Instruction, Program, module_of
+
+from .access import MODULE_NAMES, AccessAnalyzer, HazardTracker, module_index
+from tessera.errors import VerificationError
+
+_QUEUES = ((0, 1), (1, 0), (1, 2), (2, 1))
+
+
+def _qname(a: int, b: int) -> str:
+    return f"{MODULE_NAMES[a]}->{MODULE_NAMES[b]}"
+
+
+def _pops(insn: Instruction, m: int) -> list[tuple[int, int]]:
+    q = []
+    if insn.pop_prev:
+        q.append((m - 1, m))
+    if insn.pop_next:
+        q.append((m + 1, m))
+    return q
+
+
+def _pushes(insn: Instruction, m: int) -> list[tuple[int, int]]:
+    q = []
+    if insn.push_prev:
+        q.append((m, m - 1))
+    if insn.push_next:
+        q.append((m, m + 1))
+    return q
+
+
+@dataclass
+class VerifyReport:
+    """What :func:`verify_program` found in a correct program."""
+
+    instructions: int
+    tokens: dict[str, int]
+    conflicts_checked: int
+
+
+def _label(program: Program, i: int) -> str:
+    return f"instruction {i} ({program.instructions[i].label})"
+
+
+def abstract_run(program: Program) -> tuple[list[int], dict[int, list[int]]]:
+    """Untimed execution: the completion order and, per instruction, the producers of its pops.
+
+    Raises :class:`VerificationError` on a deadlock.
+    """
+    cfg: HwConfig = program.config
+    insns = program.instructions
+    n = len(insns)
+    mods = [module_index(i) for i in insns]
+    cmd = [deque() for _ in range(3)]
+    tq = {q: deque() for q in _QUEUES}
+    cur: list[int | None] = [None, None, None]
+    phase = ["", "", ""]
+    pending: list[list[tuple[int, int]]] = [[], [], []]
+    done: list[int] = []
+    producers: dict[int, list[int]] = {}
+    fetched = 0
+    progress = True
+    # Run to quiescence (not just to FINISH): a FINISH that retires too early then shows as
+    # an uncovered dependency of FINISH, not as a missing clock.
+    while progress:
+        progress = False
+        while fetched < n and len(cmd[mods[fetched]]) < cfg.cmd_queue_depth:
+            cmd[mods[fetched]].append(fetched)
+            fetched += 1
+            progress = True
+        for m in range(3):
+            while True:
+                if cur[m] is None:
+                    if not cmd[m]:
+                        break
+                    cur[m] = cmd[m].popleft()
+                    phase[m] = "pop"
+                    progress = True
+                i = cur[m]
+                if phase[m] == "pop":
+                    pops = _pops(insns[i], m)
+                    if not all(tq[q] for q in pops):
+                        break
+                    producers[i] = [tq[q].popleft() for q in pops]
+                    phase[m] = "push"
+                    pending[m] = _pushes(insns[i], m)
+                    progress = True
+                if phase[m] == "push":
+                    while pending[m] and len(tq[pending[m][0]]) < cfg.token_queue_depth:
+                        tq[pending[m].pop(0)].append(i)
+                        progress = True
+                    if pending[m]:
+                        break
+                    done.append(i)
+                    cur[m] = None
+                    progress = True
+    if len(done) < n:
+        states = []
+        for m in range(3):
+            i = cur[m]
+            if i is None:
+                states.append(f"{MODULE_NAMES[m]}: idle")
+            elif phase[m] == "pop":
+                empty = [_qname(*q) for q in _pops(insns[i], m) if not tq[q]]
+                states.append(f"{MODULE_NAMES[m]}: {_label(program, i)} waits for a token on "
+                              f"{', '.join(empty)}")
+            else:
+                states.append(f"{MODULE_NAMES[m]}: {_label(program, i)} waits to push into the "
+                              f"full {_qname(*pending[m][0])} queue")
+        raise VerificationError(
+            "the program deadlocks: " + "; ".join(states)
+            + f"; fetch dispatched {fetched} of {n} instructions; token queues: "
+            + ", ".join(f"{_qname(*q)} {len(d)}" for q, d in tq.items()))
+    return done, producers
+
+
+def check_uop_hazards(program: Program, analyzer: AccessAnalyzer, index: int,
+                      insn: Gemm | Alu) -> None:
+    """Raise if an op of ``insn`` reads an accumulator row too soon after an op wrote it."""
+    if insn.reset or insn.op_count == 0:
+        return
+    dst_u, src_u, _ = analyzer.uop_fields()
+    u = slice(insn.uop_begin, insn.uop_end)
+    o = np.arange(insn.iter_out, dtype=np.int64)[:, None, None]
+    i = np.arange(insn.iter_in, dtype=np.int64)[None, :, None]
+    dst = (dst_u[u][None, None, :] + o * insn.dst_factor_out + i * insn.dst_factor_in).ravel()
+    if isinstance(insn, Gemm):
+        distance = timing.gemm_hazard_distance()
+        reads = [dst]
+    else:
+        distance = ALU_OPS.get(insn.alu_op).timing.hazard_distance(insn.use_imm)
+        reads = [dst]
+        if not insn.use_imm:
+            reads.append((src_u[u][None, None, :] + o * insn.src_factor_out
+                          + i * insn.src_factor_in).ravel())
+    for d in range(1, distance):
+        for r in reads:
+            bad = np.nonzero(dst[:-d] == r[d:])[0]
+            if bad.size:
+                j = int(bad[0])
+                raise VerificationError(
+                    f"{_label(program, index)}: op {j + d} reads accumulator row "
+                    f"{int(dst[j])} only {d} op(s) after op {j} wrote it; the pipeline needs "
+                    f"{distance}", index=index)
+
+
+def verify_program(program: Program, *, uop_hazards: bool = True) -> VerifyReport:
+    """Check ``program``'s dependency tokens; raise :class:`VerificationError` if unsafe."""
+    insns = program.instructions
+    if not insns or not isinstance(insns[-1], Finish):
+        raise VerificationError("the program must end with FINISH")
+    for i, insn in enumerate(insns[:-1]):
+        if isinstance(insn, Finish):
+            raise VerificationError("FINISH must be the last instruction (only one)", index=i)
+    # 1. balance
+    counts = {q: [0, 0] for q in _QUEUES}
+    for insn in insns:
+        m = module_index(insn)
+        for q in _pushes(insn, m):
+            if q not in counts:
+                raise VerificationError(f"{insn.label} pushes towards a module that does not "
+                                        "exist", index=insns.index(insn))
+            counts[q][0] += 1
+        for q in _pops(insn, m):
+            if q not in counts:
+                raise VerificationError(f"{insn.label} pops from a module that does not exist",
+                                        index=insns.index(insn))
+            counts[q][1] += 1
+    for q, (pushes, pops) in counts.items():
+        if pushes != pops:
+            raise VerificationError(f"the {_qname(*q)} token queue gets {pushes} pushes but "
+                                    f"{pops} pops: tokens would be "
+                                    + ("left behind" if pushes > pops else "missing"))
+    # 2. progress and pairing
+    order, producers = abstract_run(program)
+    mods = [module_index(i) for i in insns]
+    seq = [0] * len(insns)
+    per_module: list[list[int]] = [[], [], []]
+    for i, m in enumerate(mods):
+        seq[i] = len(per_module[m])
+        per_module[m].append(i)
+    # vector clocks (before the instruction's own execution), in completion order
+    vc_before: list[list[int] | None] = [None] * len(insns)
+    vc_after: list[list[int] | None] = [None] * len(insns)
+    for i in order:
+        m = mods[i]
+        v = [-1, -1, -1]
+        if seq[i] > 0:
+            v = list(vc_after[per_module[m][seq[i] - 1]])  # type: ignore[arg-type]
+        for p in producers.get(i, []):
+            v = [max(a, b) for a, b in zip(v, vc_after[p])]  # type: ignore[arg-type]
+        vc_before[i] = v
+        after = list(v)
+        after[m] = seq[i]
+        vc_after[i] = after
+    # 3. hazards
+    analyzer = AccessAnalyzer(program)
+    tracker = HazardTracker(analyzer.space_sizes())
+    checked = 0
+    for i, insn in enumerate(insns):
+        m = mods[i]
+        acc = analyzer.access(insn)
+        if uop_hazards and isinstance(insn, (Gemm, Alu)):
+            check_uop_hazards(program, analyzer, i, insn)
+        need = tracker.needs(m, acc)
+        if isinstance(insn, Finish):
+            need = [len(per_module[k]) - 1 if k != m else -1 for k in range(3)]
+        v = vc_before[i]
+        for k in range(3):
+            if k != m and need[k] >= 0:
+                checked += 1
+                if v[k] < need[k]:  # type: ignore[index]
+                    j = per_module[k][need[k]]
+                    what = ("must start after it finishes" if not isinstance(insn, Finish)
+                            else "must retire after it")
+                    detail = tracker.culprit(m, acc, k, need[k]) if not isinstance(
+                        insn, Finish) else "FINISH ends the program"
+                    raise VerificationError(
+                        f"{_label(program, i)} {what}, {_label(program, j)} ({detail}), but no "
+                        f"chain of dependency tokens orders them: a token is missing",
+                        index=i)
+        tracker.record(m, seq[i], acc)
+    return VerifyReport(len(insns), {_qname(*q): c[0] for q, c in counts.items()}, checked)
+
+
+def module_names(program: Program) -> list[str]:
+    return [module_of(i) for i in program.instructions]
