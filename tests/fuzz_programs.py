@@ -34,8 +34,8 @@ def random_program(config: HwConfig, seed: int, family: str | None = None
     family = family or FAMILIES[seed % len(FAMILIES)]
     build = {"instructions": _instructions, "pipeline": _pipeline}[family]
     for _ in range(50):
-        program = build(config, rng)
-        try:
+        try:   # a draw the kernel cannot tile, or the simulator refuses, is drawn again
+            program = build(config, rng)
             return program, simulate(program)
         except ProgramError:
             continue
@@ -116,8 +116,9 @@ def _instructions(config: HwConfig, rng: np.random.Generator) -> Program:
             elif op.name == "MUL":
                 imm = int(rng.integers(-100, 100))
             elif op.name == "REQUANT" and field.width == 32:
-                imm = int(np.int64(requant.pack_params(*requant.scale_to_params(
-                    np.float32(rng.uniform(1e-3, 2.0))))).astype(np.int32))
+                word = requant.pack_params(*requant.scale_to_params(
+                    np.float32(rng.uniform(1e-3, 2.0))))
+                imm = int(np.asarray(word, np.int64).reshape(-1)[0].astype(np.int32))
             compute.append(Alu(alu_op=op.opcode, use_imm=use_imm, imm=imm, **loop))
 
     stores = []
