@@ -24,9 +24,9 @@ from amaranth.lib.wiring import In, Out
 from tessera.config import HwConfig
 from tessera.errors import ConfigError
 from tessera.isa import INSN_BITS, get_isa
-from tessera.regmap import axi_ports
+from tessera.regmap import ERROR_CODE_BITS, axi_ports
 
-from .control import ERROR_BITS, Control
+from .control import Control
 from .fetch import TARGETS, Fetch
 from .modules import ComputeModule, LoadModule, StoreModule
 from .ports import axi_lite_signature, axi_read_members, axi_signature, axi_write_members
@@ -125,7 +125,7 @@ class Accelerator(wiring.Component):
         # ---- errors, halt, finish
         codes = [("fetch", fetch.error_code, fetch.error_index)] + \
             [(n, mods[n].error, mods[n].seq.index) for n in ("load", "compute", "store")]
-        code, index = Signal(ERROR_BITS), Signal(INDEX_BITS)
+        code, index = Signal(ERROR_CODE_BITS), Signal(INDEX_BITS)
         for _, c_sig, i_sig in reversed(codes):
             with m.If(c_sig != 0):
                 m.d.comb += [code.eq(c_sig), index.eq(i_sig)]

@@ -7,13 +7,12 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from tessera.config import HwConfig
-from tessera.regmap import (CONTROL_START, CTRL_DATA_BITS, REG, VERSION, ErrorCode, config_id)
+from tessera.regmap import (CONTROL_START, CTRL_DATA_BITS, ERROR_CODE_BITS, REG, VERSION,
+                            config_id)
 
 from .ports import axi_lite_signature
 from .sequencer import INDEX_BITS
 
-ERROR_BITS = 4
-assert max(ErrorCode) < 1 << ERROR_BITS
 
 
 class Control(wiring.Component):
@@ -35,7 +34,7 @@ class Control(wiring.Component):
             "start": Out(1), "running": Out(1),
             "insn_addr": Out(32), "insn_count": Out(32),
             "finish": In(1),
-            "error_code": In(ERROR_BITS), "error_index": In(INDEX_BITS),
+            "error_code": In(ERROR_CODE_BITS), "error_index": In(INDEX_BITS),
             "error": Out(1),              # an error was latched in this run
             "stopped": In(1),             # after an error: the core has drained
             "interrupt": Out(1),
@@ -46,7 +45,7 @@ class Control(wiring.Component):
         bus = self.bus
         done = Signal()
         cycles = Signal(64)
-        err_code = Signal(ERROR_BITS)
+        err_code = Signal(ERROR_CODE_BITS)
         err_index = Signal(INDEX_BITS)
         running = self.running
 
@@ -74,7 +73,7 @@ class Control(wiring.Component):
             m.d.sync += bus.bvalid.eq(1)
             with m.Switch(bus.awaddr):
                 with m.Case(REG["CONTROL"]):
-                    with m.If(bus.wdata[CONTROL_START.bit_length() - 1] & ~running & ~self.start):
+                    with m.If((bus.wdata & CONTROL_START).any() & ~running & ~self.start):
                         m.d.sync += self.start.eq(1)
                 with m.Case(REG["INSN_ADDR"]):
                     m.d.sync += self.insn_addr.eq(bus.wdata)

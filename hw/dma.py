@@ -22,7 +22,8 @@ from amaranth.lib.wiring import In, Out
 from tessera.config import HwConfig
 from tessera.isa import MemType, get_isa
 from tessera.isa.encoding import DMA_SIZE_BITS, DRAM_ADDR_BITS, PAD_BITS
-from tessera.regmap import AXI_ADDR_BITS, AXI_BOUNDARY_BYTES, AXI_LEN_BITS, ErrorCode
+from tessera.regmap import (AXI_ADDR_BITS, AXI_BOUNDARY_BYTES, AXI_LEN_BITS, ERROR_CODE_BITS,
+                            ErrorCode)
 
 from .layouts import mem_layout
 from .ports import (AXI_BURST_INCR, AXI_RESP_OKAY, axi_signature, sram_read_signature,
@@ -177,7 +178,30 @@ class BurstAddressGenerator(wiring.Component):
         return m
 
 
-class DmaReader(wiring.Component):
+class _DmaEngine(wiring.Component):
+    """What both engines share: the buffer's geometry and the start/busy/error,
+    AXI and SRAM ports (a reader writes the buffer, a writer reads it)."""
+
+    def __init__(self, config: HwConfig, mem: MemType, axi_id: int, *, read: bool) -> None:
+        isa = get_isa(config)
+        self.config = config
+        self.mem = MemType(mem)
+        self.axi_id = axi_id
+        self.elem_bytes = isa.elem_bytes(self.mem)
+        self.entry_bits = 8 * self.elem_bytes
+        self.depth = isa.depth(self.mem)
+        self.addr_bits = sram_addr_bits(self.depth)
+        self._geo = _Geometry(config, self.elem_bytes)
+        sram = sram_write_signature if read else sram_read_signature
+        super().__init__({
+            "start": In(1), "insn": In(mem_layout(config)),
+            "busy": Out(1), "error": Out(ERROR_CODE_BITS),
+            "axi": Out(axi_signature(8 * config.bus_bytes, read=read, write=not read)),
+            "sram": Out(sram(self.addr_bits, self.entry_bits)),
+        })
+
+
+class DmaReader(_DmaEngine):
     """LOAD engine: 2-D strided DMA from DRAM into one on-chip buffer, with zero padding.
 
     Built for one memory type ``mem``; ``axi_id`` tags its reads. Pulse
@@ -199,21 +223,7 @@ class DmaReader(wiring.Component):
     """
 
     def __init__(self, config: HwConfig, mem: MemType, axi_id: int) -> None:
-        isa = get_isa(config)
-        self.config = config
-        self.mem = MemType(mem)
-        self.axi_id = axi_id
-        self.elem_bytes = isa.elem_bytes(self.mem)
-        self.entry_bits = 8 * self.elem_bytes
-        self.depth = isa.depth(self.mem)
-        self.addr_bits = sram_addr_bits(self.depth)
-        self._geo = _Geometry(config, self.elem_bytes)
-        super().__init__({
-            "start": In(1), "insn": In(mem_layout(config)),
-            "busy": Out(1), "error": Out(4),
-            "axi": Out(axi_signature(8 * config.bus_bytes, write=False)),
-            "sram": Out(sram_write_signature(self.addr_bits, self.entry_bits)),
-        })
+        super().__init__(config, mem, axi_id, read=True)
 
     def elaborate(self, platform):
         m = Module()
@@ -227,7 +237,7 @@ class DmaReader(wiring.Component):
         size_w = DMA_SIZE_BITS + 1                     # a size plus its two pads
 
         # ---- setup: block shape, checks, and the start of every phase
-        rows, cols = Signal(size_w), Signal(size_w)
+        cols = Signal(size_w)
         # Pad products (4-bit pads) are cheap in LUTs; keep them off the DSPs.
         top_n = Signal(2 * size_w + 1, attrs=SOFT_MULTIPLIER)
         bot_n = Signal(2 * size_w + 1, attrs=SOFT_MULTIPLIER)
@@ -236,7 +246,6 @@ class DmaReader(wiring.Component):
         dram_stmts, dram_err = g.dram_error(ins)
         m.d.comb += dram_stmts
         m.d.comb += [
-            rows.eq(ins.y_pad_0 + ins.y_size + ins.y_pad_1),
             cols.eq(ins.x_pad_0 + ins.x_size + ins.x_pad_1),
             top_n.eq(ins.y_pad_0 * cols),
             mid_start.eq(ins.sram_base + top_n),
@@ -381,7 +390,7 @@ class DmaReader(wiring.Component):
         return m
 
 
-class DmaWriter(wiring.Component):
+class DmaWriter(_DmaEngine):
     """STORE engine: 2-D strided DMA from the output buffer to DRAM.
 
     Entries ``sram_base .. sram_base + y_size * x_size - 1`` are written
@@ -399,21 +408,7 @@ class DmaWriter(wiring.Component):
     """
 
     def __init__(self, config: HwConfig, axi_id: int) -> None:
-        isa = get_isa(config)
-        self.config = config
-        self.mem = MemType.OUT
-        self.axi_id = axi_id
-        self.elem_bytes = isa.elem_bytes(self.mem)
-        self.entry_bits = 8 * self.elem_bytes
-        self.depth = isa.depth(self.mem)
-        self.addr_bits = sram_addr_bits(self.depth)
-        self._geo = _Geometry(config, self.elem_bytes)
-        super().__init__({
-            "start": In(1), "insn": In(mem_layout(config)),
-            "busy": Out(1), "error": Out(4),
-            "axi": Out(axi_signature(8 * config.bus_bytes, read=False)),
-            "sram": Out(sram_read_signature(self.addr_bits, self.entry_bits)),
-        })
+        super().__init__(config, MemType.OUT, axi_id, read=False)
 
     def elaborate(self, platform):
         m = Module()

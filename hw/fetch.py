@@ -20,7 +20,7 @@ from tessera.isa.instructions import LOAD_MODULE
 from tessera.isa.encoding import MEM_BITS, OPCODE_BITS, get_isa
 from tessera.regmap import AXI_BOUNDARY_BYTES, ErrorCode, axi_id
 
-from .control import ERROR_BITS
+from tessera.regmap import ERROR_CODE_BITS
 from .ports import AXI_BURST_INCR, axi_signature
 from .sequencer import INDEX_BITS
 
@@ -49,7 +49,7 @@ class Fetch(wiring.Component):
             "run": In(1), "halt": In(1),
             "insn_addr": In(32), "insn_count": In(32),
             "axi": Out(axi_signature(config.bus_bytes * 8, write=False)),
-            "error_code": Out(ERROR_BITS), "error_index": Out(INDEX_BITS),
+            "error_code": Out(ERROR_CODE_BITS), "error_index": Out(INDEX_BITS),
             "busy": Out(1),            # a burst is in flight or being dispatched
         }
         for t in TARGETS:
@@ -91,7 +91,7 @@ class Fetch(wiring.Component):
         mem_field = get_isa(cfg).layouts[Opcode.LOAD].field("mem")
         mem = word[mem_field.offset:mem_field.offset + MEM_BITS]
         target = {t: Signal(name=f"to_{t}") for t in TARGETS}
-        bad = Signal(ERROR_BITS)
+        bad = Signal(ERROR_CODE_BITS)
         with m.Switch(opcode):
             with m.Case(Opcode.LOAD):
                 with m.Switch(mem):
@@ -118,23 +118,23 @@ class Fetch(wiring.Component):
 
         # A start resets this module (the top level's ResetInserter), which puts it
         # in REQUEST with next_index 0: the first burst is requested in the run's cycle 0.
+        # IDLE (every instruction dispatched, or an error) has no way out but that reset.
         with m.FSM(init="REQUEST"):
             with m.State("IDLE"):
                 pass
             with m.State("REQUEST"):
-                with m.If(~self.run):
-                    pass
-                with m.Elif(self.halt | (next_index >= self.insn_count)):
-                    m.next = "IDLE"
-                with m.Elif(self.insn_addr[:exact_log2(AXI_BOUNDARY_BYTES)] != 0):
-                    m.d.comb += [self.error_code.eq(ErrorCode.DRAM_ADDRESS),
-                                 self.error_index.eq(next_index)]
-                    m.next = "IDLE"
-                with m.Else():
-                    m.d.comb += axi.arvalid.eq(1)
-                    with m.If(axi.arready):
-                        m.d.sync += [count.eq(n_now), beat.eq(0), k.eq(0)]
-                        m.next = "RECEIVE"
+                with m.If(self.run):
+                    with m.If(self.halt | (next_index >= self.insn_count)):
+                        m.next = "IDLE"
+                    with m.Elif(self.insn_addr[:exact_log2(AXI_BOUNDARY_BYTES)] != 0):
+                        m.d.comb += [self.error_code.eq(ErrorCode.DRAM_ADDRESS),
+                                     self.error_index.eq(next_index)]
+                        m.next = "IDLE"
+                    with m.Else():
+                        m.d.comb += axi.arvalid.eq(1)
+                        with m.If(axi.arready):
+                            m.d.sync += [count.eq(n_now), beat.eq(0), k.eq(0)]
+                            m.next = "RECEIVE"
             with m.State("RECEIVE"):
                 m.d.comb += [self.busy.eq(1), axi.rready.eq(1)]
                 with m.If(axi.rvalid):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from amaranth.hdl import Cat, Module, Mux, Signal
 from amaranth.lib import data, wiring
-from amaranth.lib.wiring import Out
+from amaranth.lib.wiring import In, Out
 
 from tessera.config import HwConfig
 from tessera.isa import INSN_BITS, MemType, Opcode, get_isa
@@ -16,10 +16,10 @@ from tessera.isa.encoding import OPCODE_BITS
 from tessera.isa.instructions import LOAD_MODULE
 from tessera.regmap import axi_id
 
-from .control import ERROR_BITS
+from tessera.regmap import ERROR_CODE_BITS
 from .dma import DmaReader, DmaWriter
 from .layouts import mem_layout
-from .ports import axi_signature, sram_read_signature, sram_write_signature
+from .ports import axi_read_members, axi_signature, sram_read_signature, sram_write_signature
 from .sequencer import Sequencer
 from .tensor import TensorPipeline
 
@@ -32,18 +32,21 @@ def _first_error(m: Module, target: Signal, codes: list) -> None:
 
 
 def _share_read_port(m: Module, axi, engines: dict, selected: Signal) -> None:
-    """Engines of one module take turns on its AXI read port (one instruction at a time)."""
+    """Engines of one module take turns on its AXI read port (one instruction at a time):
+    the selected engine drives the master's outputs, and only it sees the handshakes."""
+    members = axi_read_members(len(axi.rdata))
     for key, eng in engines.items():
-        m.d.comb += [eng.axi.arready.eq(axi.arready & (selected == key)),
-                     eng.axi.rvalid.eq(axi.rvalid & (selected == key)),
-                     eng.axi.rdata.eq(axi.rdata), eng.axi.rresp.eq(axi.rresp),
-                     eng.axi.rlast.eq(axi.rlast), eng.axi.rid.eq(axi.rid)]
+        mine = selected == key
+        for name, member in members.items():
+            if member.flow == In:
+                gated = name in ("arready", "rvalid")
+                m.d.comb += getattr(eng.axi, name).eq(getattr(axi, name) & mine if gated
+                                                      else getattr(axi, name))
     with m.Switch(selected):
         for key, eng in engines.items():
             with m.Case(key):
                 m.d.comb += [getattr(axi, name).eq(getattr(eng.axi, name))
-                             for name in ("arvalid", "araddr", "arlen", "arsize", "arburst",
-                                          "arid", "rready")]
+                             for name, member in members.items() if member.flow == Out]
 
 
 def _mem_of(config: HwConfig, word) -> data.View:
@@ -68,7 +71,7 @@ class LoadModule(wiring.Component):
             "axi": Out(axi_signature(c.bus_bytes * 8, write=False)),
             "inp_wr": Out(sram_write_signature(c.inp_index_bits, c.inp_entry_bytes * 8)),
             "wgt_wr": Out(sram_write_signature(c.wgt_index_bits, c.wgt_entry_bytes * 8)),
-            "error": Out(ERROR_BITS), "busy": Out(1),
+            "error": Out(ERROR_CODE_BITS), "busy": Out(1),
         })
 
     def elaborate(self, platform) -> Module:
@@ -104,7 +107,7 @@ class StoreModule(wiring.Component):
         super().__init__({
             "axi": Out(axi_signature(c.bus_bytes * 8, read=False)),
             "out_rd": Out(sram_read_signature(c.acc_index_bits, c.out_entry_bytes * 8)),
-            "error": Out(ERROR_BITS), "busy": Out(1),
+            "error": Out(ERROR_CODE_BITS), "busy": Out(1),
         })
 
     def elaborate(self, platform) -> Module:
@@ -143,7 +146,7 @@ class ComputeModule(wiring.Component):
             "acc_rd": Out(sram_read_signature(c.acc_index_bits, c.acc_entry_bytes * 8)),
             "acc_wr": Out(sram_write_signature(c.acc_index_bits, c.acc_entry_bytes * 8)),
             "out_wr": Out(sram_write_signature(c.acc_index_bits, c.out_entry_bytes * 8)),
-            "finish": Out(1), "error": Out(ERROR_BITS), "busy": Out(1),
+            "finish": Out(1), "error": Out(ERROR_CODE_BITS), "busy": Out(1),
         })
 
     def elaborate(self, platform) -> Module:

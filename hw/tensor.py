@@ -32,7 +32,7 @@ from tessera.regmap import ErrorCode
 from tessera.timing import COMPUTE_SETUP_CYCLES, GEMM_LATENCY
 
 from .alu_ops import ALU_BASE_LATENCY, hardware_of
-from .control import ERROR_BITS
+from tessera.regmap import ERROR_CODE_BITS
 from .layouts import alu_layout, gemm_layout, uop_layout
 from .ports import sram_read_signature, sram_write_signature
 
@@ -68,7 +68,7 @@ class TensorPipeline(wiring.Component):
         self.lanes = c.batch * c.block_out
         super().__init__({
             "start": In(1), "insn": In(INSN_BITS),
-            "busy": Out(1), "error": Out(ERROR_BITS),
+            "busy": Out(1), "error": Out(ERROR_CODE_BITS),
             "uop": Out(sram_read_signature(c.uop_index_bits, isa.uop_layout.bits)),
             "inp": Out(sram_read_signature(c.inp_index_bits, c.inp_entry_bytes * 8)),
             "wgt": Out(sram_read_signature(c.wgt_index_bits, c.wgt_entry_bytes * 8)),
@@ -103,7 +103,7 @@ class TensorPipeline(wiring.Component):
         new_alu = self.insn[:OPCODE_BITS] == Opcode.ALU
         new_reset = g.reset
         new_n_zero = (g.uop_end <= g.uop_begin) | (g.iter_out == 0) | (g.iter_in == 0)
-        start_err = Signal(ERROR_BITS)
+        start_err = Signal(ERROR_CODE_BITS)
         with m.If(g.uop_end > c.uop_depth):
             m.d.comb += start_err.eq(ErrorCode.UOP_BOUNDS)
         with m.Elif(new_alu & ~new_reset):

@@ -61,6 +61,10 @@ STATUS_RUNNING = 1 << 2
 CONTROL_START = 1 << 0
 
 
+#: Width of ERROR_CODE's value in the hardware.
+ERROR_CODE_BITS = 4
+
+
 class ErrorCode(IntEnum):
     """Why the hardware stopped a run (read from ERROR_CODE).
 
@@ -77,6 +81,9 @@ class ErrorCode(IntEnum):
     ALU_OP = 6          # an ALU opcode with no hardware in this build
     DRAM_ADDRESS = 7    # a DRAM byte address past 2**32
     AXI_RESPONSE = 8    # the DRAM answered SLVERR/DECERR
+
+
+assert max(ErrorCode) < 1 << ERROR_CODE_BITS
 
 
 def config_id(config: HwConfig) -> int:

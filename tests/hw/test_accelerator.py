@@ -103,7 +103,8 @@ def _error_cases():
         "uop bounds": (Gemm(uop_begin=TINY.uop_depth - 2, uop_end=TINY.uop_depth + 5),
                        ErrorCode.UOP_BOUNDS, BoundsError),
         # A reset GEMM whose loop walks past the accumulator.
-        "index bounds": (Gemm(reset=True, uop_end=1, iter_out=3, dst_factor_out=TINY.acc_depth // 2),
+        "index bounds": (Gemm(reset=True, uop_end=1, iter_out=3,
+                              dst_factor_out=TINY.acc_depth // 2),
                          ErrorCode.INDEX_BOUNDS, BoundsError),
         # A STORE and a LOAD past the simulated DRAM: the DRAM answers SLVERR.
         "dram write response": (Store(mem=MemType.OUT, dram_base=1 << 28, y_size=1, x_size=1,

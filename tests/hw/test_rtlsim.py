@@ -25,11 +25,6 @@ from tessera.regmap import REG, STATUS_DONE, STATUS_ERROR, VERSION, ErrorCode, a
 from .rtl_testdesign import (BURST, CHECKSUM, DST, MODE, MODE_INDEPENDENT, MODE_LATE_AW,
                              MODE_SLOW, SCRATCH, WSTRB, copier_verilog, pattern_word)
 
-try:
-    rtlsim._toolchain()
-except RtlSimError as exc:   # pragma: no cover - depends on the machine
-    pytest.skip(f"no Verilator toolchain: {exc}", allow_module_level=True)
-
 #: p0 reads (fetch), p1 reads (compute) and writes (store), p2 reads (load, idle here).
 CFG64 = PRESETS["tiny"].replace(name="rtltest64", dram_ports=3, module_ports=(0, 2, 1, 1))
 #: 128-bit data: p0 reads, p1 writes.
