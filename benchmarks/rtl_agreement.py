@@ -6,9 +6,11 @@ Three parts, each printing a table:
    preset through Verilator: per program, simulator and RTL cycles;
 2. a 256x256x256 int8 GEMM (the blocked kernel, 2 virtual threads) on
    ``pynq``: bit-exactness, cycles, and RTL simulation speed in cycles/s;
-3. the differential fuzzer on ``tiny`` with many more programs than the test run.
+3. compiled ResNet-18 layers (the compiler's double-buffered programs, GEMM
+   and ALU units overlapped) on ``pynq``: bit-exactness and cycles;
+4. the differential fuzzer on ``tiny`` with many more programs than the test run.
 
-Usage: python benchmarks/rtl_agreement.py [--fuzz N] [--skip-suite] [--skip-gemm]
+Usage: python benchmarks/rtl_agreement.py [--fuzz N] [--skip-suite] [--skip-gemm] [--layers C4,C7]
 The first run builds the Verilator models (minutes for pynq; cached afterwards).
 """
 from __future__ import annotations
@@ -75,32 +77,61 @@ def suite_on(config_name: str) -> bool:
     return ok
 
 
+def _sim_vs_rtl(program) -> tuple[dict, bool]:
+    """Run ``program`` on the simulator and on a fresh Verilator model; a table row."""
+    t0 = time.perf_counter()
+    sim = simulate(program)
+    sim_wall = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    model = RtlSim(program.config, dram_bytes=program.dram_image().size + (1 << 16))
+    build = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    rtl = run_program(program, model)
+    rtl_wall = time.perf_counter() - t0
+    exact = bool(np.array_equal(rtl.dram, sim.dram)) and rtl.error == 0
+    row = {"sim": sim.stats.cycles, "sim_wall": sim_wall, "rtl": rtl.cycles,
+           "rtl_wall": rtl_wall, "rtl_rate": rtl.sim_cycles / rtl_wall, "build": build,
+           "diff": (rtl.cycles - sim.stats.cycles) / sim.stats.cycles,
+           "contended": sim.stats.dram_contended, "exact": exact,
+           "insns": len(program.instructions)}
+    return row, exact and _agrees(sim.stats.cycles, rtl.cycles, sim.stats.dram_contended)
+
+
 def gemm_on(config_name: str, size: int = 256) -> bool:
     config = PRESETS[config_name]
     print(f"\n== {size}x{size}x{size} int8 GEMM on {config_name!r}, 2 virtual threads ==")
     rng = np.random.default_rng(0)
     a = rng.integers(-128, 128, (size, size), dtype=np.int8)
     b = rng.integers(-128, 128, (size, size), dtype=np.int8)
-    program = gemm_program(config, a, b, epilogue=[("SHR", 8)], threads=2)
-    t0 = time.perf_counter()
-    sim = simulate(program)
-    sim_wall = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    rtl_model = RtlSim(config, dram_bytes=program.dram_image().size + (1 << 16))
-    build = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    rtl = run_program(program, rtl_model)
-    rtl_wall = time.perf_counter() - t0
-    exact = bool(np.array_equal(rtl.dram, sim.dram))
-    diff = (rtl.cycles - sim.stats.cycles) / sim.stats.cycles
+    r, ok = _sim_vs_rtl(gemm_program(config, a, b, epilogue=[("SHR", 8)], threads=2))
     print(f"{'':<22}{'cycles':>10}{'wall s':>9}{'cycles/s':>12}")
-    print(f"{'simulator':<22}{sim.stats.cycles:>10}{sim_wall:>9.2f}"
-          f"{sim.stats.cycles / sim_wall:>12,.0f}")
-    print(f"{'RTL (Verilator)':<22}{rtl.cycles:>10}{rtl_wall:>9.2f}"
-          f"{rtl.sim_cycles / rtl_wall:>12,.0f}")
-    print(f"RTL vs simulator: {diff:+.3%} cycles (DRAM contended: {sim.stats.dram_contended}), "
-          f"output {'bit-exact' if exact else 'DIFFERS'}; model load/build {build:.0f} s")
-    return exact and _agrees(sim.stats.cycles, rtl.cycles, sim.stats.dram_contended)
+    print(f"{'simulator':<22}{r['sim']:>10}{r['sim_wall']:>9.2f}{r['sim'] / r['sim_wall']:>12,.0f}")
+    print(f"{'RTL (Verilator)':<22}{r['rtl']:>10}{r['rtl_wall']:>9.2f}{r['rtl_rate']:>12,.0f}")
+    print(f"RTL vs simulator: {r['diff']:+.3%} cycles (DRAM contended: {r['contended']}), "
+          f"output {'bit-exact' if r['exact'] else 'DIFFERS'}; model load/build {r['build']:.0f} s")
+    return ok
+
+
+def layers_on(config_name: str, names: list[str]) -> bool:
+    """Compiled ResNet-18 layers (double-buffered, GEMM and ALU overlapped) on the RTL."""
+    from benchmarks.resnet_layers import layer
+    from tessera.compiler import compile_ops
+
+    config = PRESETS[config_name]
+    print(f"\n== compiled ResNet-18 layers on {config_name!r}: simulator vs RTL ==")
+    print(f"{'layer':<8}{'insns':>7}{'sim':>10}{'rtl':>10}{'diff':>9}  contended  "
+          f"{'rtl cycles/s':>12}  dram")
+    ok = True
+    rng = np.random.default_rng(0)
+    for name in names:
+        op, x = layer(name, rng)
+        compiled = compile_ops([op], {"x": x.shape}, config, threads=2)
+        r, good = _sim_vs_rtl(compiled.bind({"x": x}))
+        ok &= good
+        print(f"{name:<8}{r['insns']:>7}{r['sim']:>10}{r['rtl']:>10}{r['diff']:>+9.3%}  "
+              f"{'yes' if r['contended'] else 'no':<9}  {r['rtl_rate']:>12,.0f}  "
+              f"{'equal' if r['exact'] else 'DIFFERS'}")
+    return ok
 
 
 def fuzz_on(config_name: str, count: int) -> bool:
@@ -137,12 +168,16 @@ def main() -> int:
     ap.add_argument("--fuzz", type=int, default=1000, help="fuzzer programs on tiny")
     ap.add_argument("--skip-suite", action="store_true")
     ap.add_argument("--skip-gemm", action="store_true")
+    ap.add_argument("--layers", default="C4,C7,C10",
+                    help="compiled ResNet-18 layers to compare ('' for none)")
     args = ap.parse_args()
     ok = True
     if not args.skip_suite:
         ok &= suite_on(args.config)
     if not args.skip_gemm:
         ok &= gemm_on(args.config)
+    if args.layers:
+        ok &= layers_on(args.config, args.layers.split(","))
     if args.fuzz:
         ok &= fuzz_on("tiny", args.fuzz)
     print("\nall agree" if ok else "\nDISAGREEMENT: see above")

@@ -21,7 +21,7 @@ from .build import CompiledProgram, compile_op, compile_ops, infer_shapes
 from .conv import ConvGeom, ConvPlan, estimate_conv_cycles, plan_conv_tiles, tensorize_conv2d
 from .dram import DramPlan, plan_dram, verify_dram_plan
 from .eltwise import tensorize_eltwise
-from .epilogue import decompose_bias, plan_epilogue
+from .epilogue import plan_epilogue
 from tessera.errors import CompileError, VerificationError
 from .layout import (ActLayout, GroupBlocks, pack_activation, pack_conv_weights, pack_weights,
                      unpack_activation, unpack_conv_weights, unpack_weights)
@@ -39,7 +39,7 @@ __all__ = [
     "Conv2d", "ConvGeom", "ConvPlan", "Dense", "DramPlan", "Eltwise", "GroupBlocks",
     "KernelPacking", "Pool2d", "Requant", "Residual", "Roofline", "Shift", "VerificationError",
     "VerifyReport", "choose_packing", "clip", "compile_op", "compile_ops", "conv_roofline",
-    "decompose_bias", "estimate_conv_cycles", "infer_shapes", "insert_dependency_tokens",
+    "estimate_conv_cycles", "infer_shapes", "insert_dependency_tokens",
     "map_nest", "pack_activation", "pack_conv_weights", "pack_small_channel_convs",
     "pack_weights", "plan_alu_tiles", "plan_conv_tiles", "plan_dram", "plan_epilogue",
     "relu", "requantize", "tensorize_conv2d", "tensorize_eltwise", "tensorize_pool2d",

@@ -19,7 +19,9 @@ from typing import Union
 
 import numpy as np
 
-from tessera.isa import Alu, Finish, Gemm, Instruction, Load, MemType, Program, Store, module_of
+from tessera.isa import (ALU_OPS, Alu, Finish, Gemm, Instruction, Load, MemType, Program, Store,
+                         module_of)
+from tessera.timing import units_taken
 
 #: Module names and their index in vector clocks.
 MODULE_INDEX = {"load": 0, "compute": 1, "store": 2}
@@ -33,6 +35,14 @@ _SRAM_SPACE = {MemType.INP: "inp", MemType.WGT: "wgt", MemType.ACC: "acc", MemTy
 
 #: Which modules can touch each space (the others never conflict there).
 SPACE_MODULES = {"inp": (0, 1), "wgt": (0, 1), "acc": (1, 2)}
+
+#: Ordering lanes of the verifier: each runs its instructions one after the
+#: other. The compute module is two lanes, its GEMM and ALU units
+#: (``tessera.timing.COMPUTE_UNITS``); LOAD uop/acc and FINISH take both.
+LANE_NAMES = ("load", "compute GEMM unit", "compute ALU unit", "store")
+LANE_OF_UNIT = {"gemm": 1, "alu": 2}
+#: Which lanes can touch each space.
+SPACE_LANES = {"inp": (0, 1), "wgt": (0, 1), "acc": (1, 2, 3)}
 
 
 def as_index(values: np.ndarray) -> Index:
@@ -171,7 +181,8 @@ class AccessAnalyzer:
             a.writes.append(("acc", dst))
             if insn.reset:
                 return a
-            a.reads.append(("acc", dst))
+            if isinstance(insn, Gemm) or ALU_OPS.get(insn.alu_op).timing.reads_dst:
+                a.reads.append(("acc", dst))
             if isinstance(insn, Gemm):
                 a.reads.append(("inp", nest_index(self.uop_src[u], insn.src_factor_out,
                                                   insn.iter_out, insn.src_factor_in,
@@ -215,26 +226,35 @@ class AccessAnalyzer:
 
 
 class HazardTracker:
-    """Per space and module, the last instruction (module sequence number) that read or
-    wrote each entry; answers "which earlier instructions does this one conflict with"."""
+    """Per space and module (or lane), the last instruction (its sequence number there)
+    that read or wrote each entry; answers "which earlier instructions does this one
+    conflict with".
 
-    def __init__(self, sizes: dict[str, int]) -> None:
-        self.last_write = {k: np.full((3, n), -1, dtype=np.int64) for k, n in sizes.items()}
-        self.last_read = {k: np.full((3, n), -1, dtype=np.int64) for k, n in sizes.items()}
+    By default the rows are the three modules; ``lanes``/``space_lanes`` give
+    other ordering units (the verifier's :data:`LANE_NAMES`).
+    """
 
-    @staticmethod
-    def _modules(space: str) -> tuple[int, ...]:
-        return SPACE_MODULES.get(space, (0, 1, 2))
+    def __init__(self, sizes: dict[str, int], lanes: int = 3,
+                 space_lanes: dict[str, tuple[int, ...]] = SPACE_MODULES) -> None:
+        self.lanes = lanes
+        self.space_lanes = space_lanes
+        self.last_write = {k: np.full((lanes, n), -1, dtype=np.int64) for k, n in sizes.items()}
+        self.last_read = {k: np.full((lanes, n), -1, dtype=np.int64) for k, n in sizes.items()}
 
-    def needs(self, module: int, access: Access) -> list[int]:
-        """For each other module, the latest sequence number it must have finished first."""
-        need = [-1, -1, -1]
+    def _modules(self, space: str) -> tuple[int, ...]:
+        return self.space_lanes.get(space, tuple(range(self.lanes)))
+
+    def needs(self, module: int | tuple[int, ...], access: Access) -> list[int]:
+        """For each other module (lane), the latest sequence number it must have finished
+        first; ``module`` may be several lanes (an instruction taking both compute units)."""
+        own = module if isinstance(module, tuple) else (module,)
+        need = [-1] * self.lanes
         for space, idx in access.reads:
             lw = self.last_write.get(space)
             if lw is None or index_size(idx) == 0:
                 continue
             for m in self._modules(space):
-                if m != module:
+                if m not in own:
                     need[m] = max(need[m], int(_select(lw[m], idx).max()))
         for space, idx in access.writes:
             lw = self.last_write.get(space)
@@ -242,7 +262,7 @@ class HazardTracker:
                 continue
             lr = self.last_read[space]
             for m in self._modules(space):
-                if m != module:
+                if m not in own:
                     need[m] = max(need[m], int(_select(lw[m], idx).max()),
                                   int(_select(lr[m], idx).max()))
         return need
@@ -282,6 +302,14 @@ class HazardTracker:
 
 def module_index(insn: Instruction) -> int:
     return MODULE_INDEX[module_of(insn)]
+
+
+def lanes_of(insn: Instruction) -> tuple[int, ...]:
+    """The verifier lanes (:data:`LANE_NAMES`) ``insn`` occupies."""
+    module = module_of(insn)
+    if module == "compute":
+        return tuple(LANE_OF_UNIT[u] for u in units_taken(insn))
+    return (0,) if module == "load" else (3,)
 
 
 def is_finish(insn: Instruction) -> bool:

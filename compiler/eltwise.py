@@ -82,7 +82,7 @@ def tensorize_eltwise(em: Emitter, op: Eltwise, tensors: dict[str, TensorInfo], 
                  else min(x, y) if op.op == "min" else max(x, y))
                  for x in (lo8, hi8) for y in b_range]
         rng = (min(cands), max(cands))
-    ep = plan_epilogue(op.epilogue, channels=C, config=c, acc_range=rng, gemm_bias=False,
+    ep = plan_epilogue(op.epilogue, channels=C, config=c, acc_range=rng,
                        where=where)
     alu_name = ELTWISE_OPS.get(op.op, "")
     b_param = None
@@ -109,7 +109,7 @@ def tensorize_eltwise(em: Emitter, op: Eltwise, tensors: dict[str, TensorInfo], 
     if plan is None:
         plan = plan_alu_tiles(where, (NB, CB, H, W), c, threads, slot_rows, n_params)
     em.begin_op(op.name)
-    param_base, param_starts, _ = emit_param_prologue(em, op.name, ep, CB)
+    (param_base,), param_starts = emit_param_prologue(em, op.name, ep, CB)
     a_elem = em.elem(a.place, MemType.ACC8)
     out_elem = em.elem(out.place, MemType.OUT)
     if b_kind == "tensor":

@@ -7,10 +7,10 @@ values, loaded once per operator into the top of the accumulator).
 
 It picks the cheapest form of each stage:
 
-* a bias folds into the GEMM when every value decomposes into one weight
-  entry against a constant input row (:func:`decompose_bias`): one GEMM
-  operation per output row instead of a tensor ADD, which costs the ALU's
-  tensor initiation interval;
+* a leading bias of an operator that initialises its accumulator rows
+  (a convolution) becomes that initialisation: ALU MOV of a per-channel
+  parameter row (one row per cycle, the tensor form of MOV reads only its
+  operand) instead of a zero reset and a tensor ADD;
 * an operand that fits the ALU immediate is an immediate (one row per cycle)
   rather than a parameter row (the tensor form reads two rows);
 * trailing clamps the store's saturation already performs are dropped, and a
@@ -55,17 +55,18 @@ class EpStep:
 
 @dataclass
 class EpiloguePlan:
-    """Lowered stages: ALU steps, their parameter vectors and the GEMM-folded bias.
+    """Lowered stages: ALU steps, their parameter vectors and the accumulator initialisation.
 
     ``params[k]`` is an int64 array of one lane value per output channel
     (length ``channels``), or of length 1 for a value broadcast to every lane.
+    ``init`` (with ``init_bias``): the MOV step (immediate or parameter row)
+    that initialises the accumulator rows with the bias; ``None``: they start
+    at zero.
     """
 
     steps: list[EpStep] = field(default_factory=list)
     params: list[np.ndarray] = field(default_factory=list)
-    gemm_bias: np.ndarray | None = None
-    gemm_bias_const: np.ndarray | None = None
-    gemm_bias_weights: np.ndarray | None = None
+    init: EpStep | None = None
 
     @property
     def residuals(self) -> list[str]:
@@ -76,50 +77,19 @@ class EpiloguePlan:
         return sum(ob_count if p.size > 1 else 1 for p in self.params)
 
 
-def decompose_bias(bias: np.ndarray, config: HwConfig) -> tuple[np.ndarray, np.ndarray] | None:
-    """Write each bias as one GEMM operation: ``const_row . weights[o] == bias[o]``.
-
-    The constant input row is ``[1, X, X, ...]`` with ``X`` the largest input
-    value; channel ``o``'s weights are ``w0 = b - X*S`` (|w0| <= X/2) and ``S``
-    spread over the other lanes. Returns ``(const_row, weights (channels,
-    block_in))`` or ``None`` when some bias is too large for one operation.
-    """
-    bi = config.block_in
-    xmax = (1 << (config.inp_width - 1)) - 1
-    wlo, whi = -(1 << (config.wgt_width - 1)), (1 << (config.wgt_width - 1)) - 1
-    b = np.asarray(bias, dtype=np.int64)
-    if bi < 2:
-        return None
-    s = np.round(b / xmax).astype(np.int64)
-    w0 = b - xmax * s
-    if np.any(s < wlo * (bi - 1)) or np.any(s > whi * (bi - 1)) or np.any(w0 < wlo) or \
-            np.any(w0 > whi):
-        return None
-    w = np.zeros((b.size, bi), dtype=np.int64)
-    w[:, 0] = w0
-    rest = s.copy()
-    for lane in range(1, bi):
-        take = np.clip(rest, wlo, whi)
-        w[:, lane] = take
-        rest -= take
-    assert not rest.any()
-    const = np.full(bi, xmax, dtype=np.int64)
-    const[0] = 1
-    assert np.array_equal(w @ const, b)
-    return const, w
-
-
 def _fits(value: int, lo: int, hi: int) -> bool:
     return lo <= value <= hi
 
 
 def plan_epilogue(stages: tuple[Stage, ...], *, channels: int, config: HwConfig,
-                  acc_range: tuple[int, int], gemm_bias: bool, where: str) -> EpiloguePlan:
+                  acc_range: tuple[int, int], init_bias: bool = False,
+                  where: str) -> EpiloguePlan:
     """Lower ``stages`` for an operator with ``channels`` output channels.
 
     ``acc_range``: bounds of the accumulator before the stages (used to prove
     the zero-point rewrite cannot overflow and to drop clamps that never act).
-    ``gemm_bias``: the operator can fold a leading bias into its GEMM.
+    ``init_bias``: the operator initialises its accumulator rows from
+    :attr:`EpiloguePlan.init` (a leading bias becomes a MOV, see the module doc).
     """
     isa = get_isa(config)
     imm_f = isa.layouts[Opcode.ALU].field("imm")
@@ -140,17 +110,18 @@ def plan_epilogue(stages: tuple[Stage, ...], *, channels: int, config: HwConfig,
         plan.params.append(np.asarray(values, dtype=np.int64))
         return len(plan.params) - 1
 
-    def alu(op: str, value: int | np.ndarray) -> None:
+    def alu_step(op: str, value: int | np.ndarray) -> EpStep:
         v = np.asarray(value, dtype=np.int64)
         if v.ndim == 0 or np.all(v == v.flat[0]):
             scalar = int(v.flat[0])
             operand = ALU_OPS.by_name(op).imm_to_operand(scalar, imm_bits)
             if _fits(scalar, imm_f.lo, imm_f.hi) and operand == scalar:
-                plan.steps.append(EpStep("alu", op, imm=scalar))
-                return
-            plan.steps.append(EpStep("alu", op, param=param(np.array([scalar]))))
-            return
-        plan.steps.append(EpStep("alu", op, param=param(v)))
+                return EpStep("alu", op, imm=scalar)
+            return EpStep("alu", op, param=param(np.array([scalar])))
+        return EpStep("alu", op, param=param(v))
+
+    def alu(op: str, value: int | np.ndarray) -> None:
+        plan.steps.append(alu_step(op, value))
 
     def channel_vector(values, name: str) -> np.ndarray:
         v = np.asarray(values)
@@ -164,19 +135,15 @@ def plan_epilogue(stages: tuple[Stage, ...], *, channels: int, config: HwConfig,
     stages = list(stages)
     # Peephole on the tail: clamp + zero point -> zero point + clamp (when safe), merge clamps.
     for k, st in enumerate(stages):
-        if isinstance(st, Bias) and k == 0 and gemm_bias:
-            b = channel_vector(st.values, "bias").astype(np.int64)
-            dec = decompose_bias(np.broadcast_to(b, (channels,)), config)
-            if dec is not None:
-                plan.gemm_bias = np.broadcast_to(b, (channels,)).copy()
-                plan.gemm_bias_const, plan.gemm_bias_weights = dec
-                rng(lo + int(b.min()), hi + int(b.max()))
-                continue
         if isinstance(st, Bias):
             b = channel_vector(st.values, "bias").astype(np.int64)
             if np.any(b < INT32_MIN) or np.any(b > INT32_MAX):
                 raise CompileError(f"{where}: bias values must fit int32")
-            alu("ADD", b)
+            if k == 0 and init_bias:
+                # The rows start at the bias: acc = 0 + b, exact for any int32 bias.
+                plan.init = alu_step("MOV", b)
+            else:
+                alu("ADD", b)
             rng(lo + int(b.min()), hi + int(b.max()))
         elif isinstance(st, Requant):
             scale = channel_vector(np.asarray(st.scale, dtype=np.float32), "requant scale")

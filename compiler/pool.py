@@ -73,7 +73,7 @@ def tensorize_pool2d(em: Emitter, op: Pool2d, inp: TensorInfo, out: TensorInfo,
         rng = (int(np.floor(lo_acc * op.scale)) - 1, int(np.ceil(hi_acc * op.scale)) + 1)
     else:
         rng = (lo_acc, hi_acc)
-    ep = plan_epilogue(op.epilogue, channels=ch, config=c, acc_range=rng, gemm_bias=False,
+    ep = plan_epilogue(op.epilogue, channels=ch, config=c, acc_range=rng,
                        where=where)
 
     # Average scales: one per distinct window count.
@@ -103,7 +103,7 @@ def tensorize_pool2d(em: Emitter, op: Pool2d, inp: TensorInfo, out: TensorInfo,
     if plan is None:
         plan = plan_alu_tiles(where, (NB, CB, oh, ow), c, threads, slot_rows, n_params)
     em.begin_op(op.name)
-    param_base, param_starts, _ = emit_param_prologue(em, op.name, ep, CB)
+    (param_base,), param_starts = emit_param_prologue(em, op.name, ep, CB)
     in_elem = em.elem(inp.place, MemType.ACC8)
     out_elem = em.elem(out.place, MemType.OUT)
     slot = slot_rows(plan.nb_t, plan.cb_t, plan.oh_t, plan.ow_t)

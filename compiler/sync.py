@@ -2,27 +2,41 @@
 
 The input is a program whose instruction list, read in order, is the
 intended sequential semantics (token flags, if any, are ignored). The load,
-compute and store modules run concurrently, so every pair of instructions of
-different modules that touch the same on-chip entries or DRAM bytes, at
-least one of them writing (RAW, WAR, WAW), must be ordered by dependency
-tokens. The pass walks the list once:
+compute and store modules run concurrently, and so do the compute module's
+two units (GEMM and ALU) for instructions marked ``overlap``, so every pair
+of instructions of different modules or units that touch the same on-chip
+entries or DRAM bytes, at least one of them writing (RAW, WAR, WAW), must be
+ordered. The pass walks the list once over four *lanes* (load, GEMM unit,
+ALU unit, store; :data:`~.access.LANE_NAMES`), each of which finishes its
+instructions in order:
 
-* For each instruction it finds, per other module, the *latest* earlier
+* For each instruction it finds, per other lane, the *latest* earlier
   instruction it conflicts with (:class:`~.access.HazardTracker`).
-* It keeps a vector clock per instruction: for each module, the latest of its
-  instructions known to have finished before this one starts (through
-  in-order execution and the tokens placed so far). A conflict already
-  implied by the clock needs nothing.
-* Otherwise the conflicting instruction pushes a token towards this one and
-  this one pops it. Pushes pair with pops in FIFO order, and the pass only
+* It keeps a vector clock per instruction over the lanes: the latest of each
+  lane's instructions known to have finished before this one starts
+  (in-order starts of a module, the units an instruction waits for --
+  ``tessera.timing.units_awaited`` -- and the tokens placed so far). A
+  conflict already implied by the clock needs nothing.
+* Between modules the conflicting instruction pushes a token towards this one
+  and this one pops it. Pushes pair with pops in FIFO order, and the pass only
   ever appends the newest push and the newest pop of a queue, so the pairing
-  is the intended one. A push goes exactly on the conflicting instruction, so
-  the waiting is as short as possible (a loop-carried WAR between virtual
-  threads waits for the tile ``threads`` steps back, not the previous one).
+  is the intended one. A push goes exactly on the conflicting instruction
+  when its own clock covers every other conflict of the waiting one (a store
+  after an overlapped epilogue waits for the epilogue's last ALU instruction,
+  which itself started after the tile's GEMMs ended), so the waiting is as
+  short as possible (a loop-carried WAR between virtual threads waits for the
+  tile ``threads`` steps back, not the previous one).
+* Between the two compute units there are no tokens: an ``overlap``
+  instruction that conflicts with an unfinished instruction of the other
+  unit, or shares an accumulator bank with the instruction it may run beside
+  (:func:`~.verify.overlap_partner`), loses its ``overlap`` flag (it then waits
+  for both units). So does one that would push into the same token queue as
+  that instruction (checked once all tokens are placed).
 * Load and store have no token queue between them (their conflicts are DRAM
   RAW/WAR between operators): the chain goes through the earliest compute
   instruction that already follows the store (or load), or through a no-op
-  compute instruction inserted just before the waiting one (a *carrier*).
+  compute instruction inserted just before the waiting one (a *carrier*,
+  which waits for both compute units).
 * FINISH conflicts with everything: it waits for the last load and store.
 
 Every push is paired with a pop, so the queues are balanced at the exit; every
@@ -36,12 +50,21 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from tessera.isa import Finish, Gemm, Instruction, Program
+from tessera.isa import Alu, Finish, Gemm, Instruction, Program
+from tessera.timing import compute_unit
 
-from .access import MODULE_NAMES, AccessAnalyzer, HazardTracker, module_index
+from .access import (LANE_NAMES, LANE_OF_UNIT, MODULE_NAMES, SPACE_LANES, Access,
+                     AccessAnalyzer, HazardTracker, lanes_of, module_index)
 from tessera.errors import CompileError
 
 LOAD, COMPUTE, STORE = 0, 1, 2
+#: Lanes (vector clock entries, :data:`~.access.LANE_NAMES`).
+L_LOAD, L_GEMM, L_ALU, L_STORE = 0, 1, 2, 3
+_N = len(LANE_NAMES)
+_MODULE_LANE = {LOAD: L_LOAD, STORE: L_STORE}
+#: Compute instructions after the conflicting ones searched for a single token producer
+#: before a carrier is inserted.
+PRODUCER_SEARCH = 64
 
 
 def push_flag(src: int, dst: int) -> str:
@@ -54,19 +77,28 @@ def pop_flag(dst: int, src: int) -> str:
     return "pop_prev" if src < dst else "pop_next"
 
 
-@dataclass
+@dataclass(eq=False)
 class _Rec:
     insn: Instruction
     module: int
-    seq: int = -1
-    vc: list[int] = field(default_factory=lambda: [-1, -1, -1])
+    lanes: tuple[int, ...]
+    index: int = -1
+    seq: dict[int, int] = field(default_factory=dict)
+    before: list[int] = field(default_factory=lambda: [-1] * _N)
+    after: list[int] = field(default_factory=lambda: [-1] * _N)
     flags: dict[str, bool] = field(default_factory=dict)
     carrier: bool = False
+    banks: frozenset[int] = frozenset()
+    partner: "_Rec | None" = None
+
+    @property
+    def overlap(self) -> bool:
+        return isinstance(self.insn, (Gemm, Alu)) and self.insn.overlap
 
 
 def carrier_instruction() -> Instruction:
     """The no-op compute instruction that carries tokens: a GEMM with an empty uop range
-    (the cheapest compute instruction: decode only)."""
+    (the cheapest compute instruction: decode only); it waits for both compute units."""
     return Gemm(uop_begin=0, uop_end=0)
 
 
@@ -76,13 +108,38 @@ class SyncStats:
 
     tokens: dict[str, int]
     carriers: int
+    #: GEMM/ALU instructions that run with ``overlap``, and those whose flag was cleared.
+    overlaps: int = 0
+    overlaps_cleared: int = 0
+
+
+def _max(a: list[int], b: list[int]) -> list[int]:
+    return [x if x > y else y for x, y in zip(a, b)]
+
+
+def _banks(access: Access, bank_rows: int) -> frozenset[int]:
+    out: set[int] = set()
+    for space, idx in access.reads + access.writes:
+        if space != "acc":
+            continue
+        if isinstance(idx, tuple):
+            if idx[1] > idx[0]:
+                out.update(range(idx[0] // bank_rows, (idx[1] - 1) // bank_rows + 1))
+        else:
+            out.update(int(b) for b in set((idx // bank_rows).tolist()))
+    return frozenset(out)
+
+
+def _pushes(rec: _Rec) -> set[str]:
+    return {f for f in ("push_prev", "push_next") if rec.flags.get(f)}
 
 
 def insert_dependency_tokens(program: Program) -> Program:
     """A copy of ``program`` with the dependency tokens (and carriers) it needs.
 
     The instruction list must end with its only FINISH. Existing token flags
-    are discarded. ``program.sync_stats`` (a :class:`SyncStats`) tells what was
+    are discarded; ``overlap`` flags are kept where they are safe and cleared
+    elsewhere. ``program.sync_stats`` (a :class:`SyncStats`) tells what was
     placed.
     """
     insns = program.instructions
@@ -91,61 +148,148 @@ def insert_dependency_tokens(program: Program) -> Program:
         raise CompileError("insert_dependency_tokens needs a program whose last instruction is "
                            "its only FINISH")
     analyzer = AccessAnalyzer(program)
-    tracker = HazardTracker(analyzer.space_sizes())
-    entries: list[list[_Rec]] = [[], [], []]
-    # compute_vc[m][k]: vc[m] of compute instruction k (non-decreasing in k), for bisecting.
-    compute_vc: list[list[int]] = [[], [], []]
-    frontier = [[-1, -1, -1] for _ in range(3)]
+    tracker = HazardTracker(analyzer.space_sizes(), _N, SPACE_LANES)
+    bank_rows = program.config.acc_bank_rows
+    lane_recs: list[list[_Rec]] = [[] for _ in range(_N)]
+    last_of_module: list[_Rec | None] = [None, None, None]
+    # Compute instructions in program order, and their clocks' load/store entries
+    # (non-decreasing: a compute instruction starts after the previous one started).
+    crecs: list[_Rec] = []
+    cindex: list[int] = []
+    cclock = {L_LOAD: [], L_STORE: []}
+    # The instruction an overlap GEMM (ALU) may run beside: the latest ALU (GEMM) one,
+    # unless an instruction that waited for both units came since (verify.overlap_partner).
+    partner_of = {"gemm": None, "alu": None}
+    last_push = {}          # queue -> index of its newest push
     out: list[_Rec] = []
 
-    def append(rec: _Rec, vc: list[int]) -> None:
-        m = rec.module
-        rec.seq = len(entries[m])
-        vc[m] = rec.seq
-        rec.vc = vc
-        frontier[m] = vc
-        entries[m].append(rec)
-        if m == COMPUTE:
-            for k in range(3):
-                compute_vc[k].append(vc[k])
-        out.append(rec)
+    def base_before(rec: _Rec, overlap: bool) -> list[int]:
+        v = [-1] * _N
+        prev = last_of_module[rec.module]
+        if rec.module == COMPUTE:
+            if prev is not None:
+                v = list(prev.before)
+            unit = compute_unit(rec.insn)
+            lanes = (LANE_OF_UNIT[unit],) if overlap and unit is not None else (L_GEMM, L_ALU)
+            for lane in lanes:
+                if lane_recs[lane]:
+                    v = _max(v, lane_recs[lane][-1].after)
+        elif prev is not None:
+            v = list(prev.after)
+        return v
 
     def link(producer: _Rec, consumer: _Rec, vc: list[int]) -> list[int]:
         pf = push_flag(producer.module, consumer.module)
         assert not producer.flags.get(pf), "a producer would push twice on one queue"
         producer.flags[pf] = True
         consumer.flags[pop_flag(consumer.module, producer.module)] = True
-        return [max(a, b) for a, b in zip(vc, producer.vc)]
+        last_push[(producer.module, consumer.module)] = producer.index
+        return _max(vc, producer.after)
+
+    def append(rec: _Rec, before: list[int]) -> None:
+        rec.index = len(out)
+        rec.before = before
+        after = list(before)
+        for lane in rec.lanes:
+            rec.seq[lane] = len(lane_recs[lane])
+            after[lane] = rec.seq[lane]
+            lane_recs[lane].append(rec)
+        rec.after = after
+        last_of_module[rec.module] = rec
+        if rec.module == COMPUTE:
+            crecs.append(rec)
+            cindex.append(rec.index)
+            for lane, lst in cclock.items():
+                lst.append(before[lane])
+            unit = compute_unit(rec.insn)
+            if unit is None:
+                partner_of["gemm"] = partner_of["alu"] = None
+            else:
+                other = "alu" if unit == "gemm" else "gemm"
+                partner_of[other] = rec
+                if not rec.overlap:
+                    partner_of[unit] = None
+        out.append(rec)
+
+    def covers(vc: list[int], needs: dict[int, int]) -> bool:
+        return all(vc[lane] >= s for lane, s in needs.items())
+
+    def compute_producer(consumer: _Rec, needs: dict[int, int], other: int | None) -> _Rec:
+        """A compute instruction whose end implies every need (``other``: the lane of the
+        load/store conflict that goes through compute); a carrier if none exists yet."""
+        queue = (COMPUTE, consumer.module)
+        newest = last_push.get(queue, -1)
+        cands = [lane_recs[lane][s] for lane, s in needs.items()
+                 if lane in (L_GEMM, L_ALU) and s >= 0]
+        if other is not None:
+            k = bisect.bisect_left(cclock[other], needs[other])
+            if k < len(crecs):
+                cands.append(crecs[k])
+        cands.sort(key=lambda r: r.index)
+        for c in cands:
+            if c.index > newest and covers(c.after, needs):
+                return c
+        # A later compute instruction (e.g. one that waited for both units) may cover them all.
+        if cands:
+            k = bisect.bisect_right(cindex, cands[-1].index)
+            for c in crecs[k:k + PRODUCER_SEARCH]:
+                if c.index > newest and covers(c.after, needs):
+                    return c
+        carrier = _Rec(carrier_instruction(), COMPUTE, (L_GEMM, L_ALU), carrier=True)
+        cvc = base_before(carrier, False)
+        if other is not None and needs[other] > cvc[other]:
+            cvc = link(lane_recs[other][needs[other]], carrier, cvc)
+        append(carrier, cvc)
+        return carrier
 
     for insn in insns:
         clean = insn.replace(pop_prev=False, pop_next=False, push_prev=False, push_next=False)
         m = module_index(insn)
         acc = analyzer.access(insn)
-        need = tracker.needs(m, acc)
+        lanes = lanes_of(insn)
+        need = tracker.needs(lanes, acc)
         if isinstance(insn, Finish):
-            need = [len(entries[k]) - 1 if k != m else -1 for k in range(3)]
-        rec = _Rec(clean, m)
-        vc = list(frontier[m])
+            need = [len(lane_recs[k]) - 1 if k not in lanes else -1 for k in range(_N)]
+        rec = _Rec(clean, m, lanes)
         if m == COMPUTE:
-            for k in (LOAD, STORE):
-                if need[k] > vc[k]:
-                    vc = link(entries[k][need[k]], rec, vc)
+            if rec.overlap:
+                unit = compute_unit(clean)
+                other_lane = L_ALU if unit == "gemm" else L_GEMM
+                rec.banks = _banks(acc, bank_rows)
+                rec.partner = partner_of[unit]
+                vc = base_before(rec, True)
+                if need[other_lane] > vc[other_lane] or (
+                        rec.partner is not None and rec.partner.banks & rec.banks):
+                    rec.insn = clean.replace(overlap=False)
+                    rec.partner = None
+            else:
+                rec.banks = _banks(acc, bank_rows)
+            vc = base_before(rec, rec.overlap)
+            for lane in (L_LOAD, L_STORE):
+                if need[lane] > vc[lane]:
+                    vc = link(lane_recs[lane][need[lane]], rec, vc)
         else:
-            other = STORE if m == LOAD else LOAD
-            target = need[COMPUTE]
+            other = _MODULE_LANE[STORE if m == LOAD else LOAD]
+            vc = base_before(rec, False)
+            needs = {lane: need[lane] for lane in (L_GEMM, L_ALU) if need[lane] > vc[lane]}
             if need[other] > vc[other]:
-                k = bisect.bisect_left(compute_vc[other], need[other])
-                if k == len(compute_vc[other]):
-                    # No compute instruction follows the conflicting one yet: insert a carrier.
-                    carrier = _Rec(carrier_instruction(), COMPUTE, carrier=True)
-                    cvc = link(entries[other][need[other]], carrier, list(frontier[COMPUTE]))
-                    append(carrier, cvc)
-                    k = carrier.seq
-                target = max(target, k)
-            if target > vc[COMPUTE]:
-                vc = link(entries[COMPUTE][target], rec, vc)
+                needs[other] = need[other]
+            if needs:
+                for lane in (L_GEMM, L_ALU):
+                    needs.setdefault(lane, -1)
+                producer = compute_producer(rec, needs, other if other in needs else None)
+                vc = base_before(rec, False)
+                vc = link(producer, rec, vc)
         append(rec, vc)
-        tracker.record(m, rec.seq, acc)
+        for lane in lanes:
+            tracker.record(lane, rec.seq[lane], acc)
+
+    # An overlap instruction must not push into a queue its partner pushes into.
+    for r in out:
+        if r.overlap and r.partner is not None and _pushes(r) & _pushes(r.partner):
+            r.insn = r.insn.replace(overlap=False)
+    requested = sum(1 for i in insns if isinstance(i, (Gemm, Alu)) and i.overlap)
+    kept = sum(1 for r in out if r.overlap)
 
     new = Program(program.config, [r.insn.replace(**r.flags) if r.flags else r.insn for r in out],
                   program.segments)
@@ -156,5 +300,6 @@ def insert_dependency_tokens(program: Program) -> Program:
             if on and flag.startswith("push"):
                 dst = r.module + (1 if flag == "push_next" else -1)
                 tokens[f"{MODULE_NAMES[r.module]}->{MODULE_NAMES[dst]}"] += 1
-    new.sync_stats = SyncStats(tokens, sum(r.carrier for r in out))  # type: ignore[attr-defined]
+    new.sync_stats = SyncStats(tokens, sum(r.carrier for r in out),  # type: ignore[attr-defined]
+                               kept, requested - kept)
     return new

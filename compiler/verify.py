@@ -8,11 +8,14 @@ It checks, without running the data path:
    three modules with the config's queue depths reaches FINISH (no deadlock;
    the system is monotone, so one schedule decides it for all). It yields the
    push each pop takes.
-3. **Hazards covered**: for every pair of instructions of different modules
-   that touch the same entries or DRAM bytes (one of them writing), the earlier
-   one (in program order) finishes before the later one starts, through
-   in-order execution and token pairs (vector clocks). FINISH must come after
-   everything.
+3. **Hazards covered**: for every pair of instructions of different modules,
+   or of the compute module's two units, that touch the same entries or DRAM
+   bytes (one of them writing), the earlier one (in program order) finishes
+   before the later one starts, through in-order execution, the units an
+   instruction waits for (``overlap``) and token pairs (vector clocks over
+   the lanes load, GEMM unit, ALU unit, store). Every pair of instructions
+   that can run at once on the two compute units uses different accumulator
+   banks and token queues. FINISH must come after everything.
 4. **Uop hazards** (optional): inside each GEMM/ALU no accumulator row is read
    fewer operations after a write than the pipeline needs (the rule the
    hardware does not check).
@@ -28,7 +31,10 @@ from tessera import timing
 from tessera.config import HwConfig
 from tessera.isa import ALU_OPS, Alu, Finish, Gemm, Instruction, Program, module_of
 
-from .access import MODULE_NAMES, AccessAnalyzer, HazardTracker, module_index
+from tessera.timing import compute_unit, units_awaited
+
+from .access import (LANE_NAMES, LANE_OF_UNIT, MODULE_NAMES, SPACE_LANES, AccessAnalyzer,
+                     HazardTracker, lanes_of, module_index)
 from tessera.errors import VerificationError
 
 _QUEUES = ((0, 1), (1, 0), (1, 2), (2, 1))
@@ -155,8 +161,9 @@ def check_uop_hazards(program: Program, analyzer: AccessAnalyzer, index: int,
         distance = timing.gemm_hazard_distance()
         reads = [dst]
     else:
-        distance = ALU_OPS.get(insn.alu_op).timing.hazard_distance(insn.use_imm)
-        reads = [dst]
+        timing_ = ALU_OPS.get(insn.alu_op).timing
+        distance = timing_.hazard_distance(insn.use_imm)
+        reads = [dst] if timing_.reads_dst else []
         if not insn.use_imm:
             reads.append((src_u[u][None, None, :] + o * insn.src_factor_out
                           + i * insn.src_factor_in).ravel())
@@ -200,54 +207,131 @@ def verify_program(program: Program, *, uop_hazards: bool = True) -> VerifyRepor
                                     + ("left behind" if pushes > pops else "missing"))
     # 2. progress and pairing
     order, producers = abstract_run(program)
-    mods = [module_index(i) for i in insns]
-    seq = [0] * len(insns)
-    per_module: list[list[int]] = [[], [], []]
-    for i, m in enumerate(mods):
-        seq[i] = len(per_module[m])
-        per_module[m].append(i)
-    # vector clocks (before the instruction's own execution), in completion order
+    lanes = [lanes_of(i) for i in insns]
+    seq: list[dict[int, int]] = [{} for _ in insns]
+    per_lane: list[list[int]] = [[] for _ in LANE_NAMES]
+    awaited: list[list[int]] = []          # per instruction, the lane predecessors it waits for
+    prev_start: list[int | None] = []      # the module's previous instruction (in-order starts)
+    last_of_module: dict[int, int] = {}
+    for i, insn in enumerate(insns):
+        m = module_index(insn)
+        prev_start.append(last_of_module.get(m))
+        last_of_module[m] = i
+        wait_lanes = (tuple(LANE_OF_UNIT[u] for u in units_awaited(insn)) if m == 1
+                      else lanes[i])
+        awaited.append([per_lane[lane][-1] for lane in wait_lanes if per_lane[lane]])
+        for lane in lanes[i]:
+            seq[i][lane] = len(per_lane[lane])
+            per_lane[lane].append(i)
+    # vector clocks over lanes (what has ended before the instruction starts / once it ends),
+    # in completion order: every edge below points to an earlier-completed instruction
     vc_before: list[list[int] | None] = [None] * len(insns)
     vc_after: list[list[int] | None] = [None] * len(insns)
     for i in order:
-        m = mods[i]
-        v = [-1, -1, -1]
-        if seq[i] > 0:
-            v = list(vc_after[per_module[m][seq[i] - 1]])  # type: ignore[arg-type]
-        for p in producers.get(i, []):
-            v = [max(a, b) for a, b in zip(v, vc_after[p])]  # type: ignore[arg-type]
+        v = [-1] * len(LANE_NAMES)
+        # started after the module's previous instruction started, after its awaited lane
+        # predecessors ended, and after the producers of its tokens ended
+        sources = [vc_after[j] for j in awaited[i]] + [vc_after[p] for p in producers.get(i, [])]
+        if prev_start[i] is not None:
+            sources.append(vc_before[prev_start[i]])
+        for src in sources:
+            v = [max(x, y) for x, y in zip(v, src)]  # type: ignore[arg-type]
         vc_before[i] = v
         after = list(v)
-        after[m] = seq[i]
+        for lane, s_ in seq[i].items():
+            after[lane] = s_
         vc_after[i] = after
     # 3. hazards
     analyzer = AccessAnalyzer(program)
-    tracker = HazardTracker(analyzer.space_sizes())
+    tracker = HazardTracker(analyzer.space_sizes(), len(LANE_NAMES), SPACE_LANES)
     checked = 0
+    banks: list[frozenset[int]] = []
     for i, insn in enumerate(insns):
-        m = mods[i]
+        own = lanes[i]
         acc = analyzer.access(insn)
+        banks.append(_acc_banks(acc, program.config.acc_bank_rows))
+        _check_overlap_pair(program, i, banks)
         if uop_hazards and isinstance(insn, (Gemm, Alu)):
             check_uop_hazards(program, analyzer, i, insn)
-        need = tracker.needs(m, acc)
+        need = tracker.needs(own, acc)
         if isinstance(insn, Finish):
-            need = [len(per_module[k]) - 1 if k != m else -1 for k in range(3)]
+            need = [len(per_lane[k]) - 1 if k not in own else -1 for k in range(len(LANE_NAMES))]
         v = vc_before[i]
-        for k in range(3):
-            if k != m and need[k] >= 0:
+        for k in range(len(LANE_NAMES)):
+            if k not in own and need[k] >= 0:
                 checked += 1
                 if v[k] < need[k]:  # type: ignore[index]
-                    j = per_module[k][need[k]]
+                    j = per_lane[k][need[k]]
                     what = ("must start after it finishes" if not isinstance(insn, Finish)
                             else "must retire after it")
-                    detail = tracker.culprit(m, acc, k, need[k]) if not isinstance(
+                    detail = tracker.culprit(own[0], acc, k, need[k]) if not isinstance(
                         insn, Finish) else "FINISH ends the program"
+                    fix = ("a token is missing" if module_index(insns[j]) != module_index(insn)
+                           else "clear its overlap flag or add a token")
                     raise VerificationError(
                         f"{_label(program, i)} {what}, {_label(program, j)} ({detail}), but no "
-                        f"chain of dependency tokens orders them: a token is missing",
+                        f"chain of dependency tokens or unit order guarantees it: {fix}",
                         index=i)
-        tracker.record(m, seq[i], acc)
+        for lane in own:
+            tracker.record(lane, seq[i][lane], acc)
     return VerifyReport(len(insns), {_qname(*q): c[0] for q, c in counts.items()}, checked)
+
+
+def overlap_partner(insns: list[Instruction], index: int) -> int | None:
+    """The earlier instruction that may still run on the other compute unit when
+    instruction ``index`` (a GEMM/ALU with ``overlap``) starts, or ``None``.
+
+    Only the other unit's latest instruction can, and only if everything issued
+    since is an ``overlap`` instruction of this unit (anything else waits for
+    both units).
+    """
+    insn = insns[index]
+    unit = compute_unit(insn)
+    if unit is None or not insn.overlap:
+        return None
+    for j in range(index - 1, -1, -1):
+        other = insns[j]
+        if module_index(other) != 1:
+            continue
+        other_unit = compute_unit(other)
+        if other_unit is None:
+            return None
+        if other_unit != unit:
+            return j
+        if not other.overlap:
+            return None
+    return None
+
+
+def _check_overlap_pair(program: Program, index: int, banks: list[frozenset[int]]) -> None:
+    """Raise unless instruction ``index`` and the instruction it may run beside on the
+    other compute unit use different accumulator banks and token queues (docs/timing.md)."""
+    insns = program.instructions
+    j = overlap_partner(insns, index)
+    if j is None:
+        return
+    shared = banks[index] & banks[j]
+    queues = set(_pushes(insns[index], 1)) & set(_pushes(insns[j], 1))
+    if shared or queues:
+        what = (f"accumulator bank {min(shared)}" if shared
+                else f"the {_qname(*min(queues))} token queue")
+        raise VerificationError(
+            f"{_label(program, index)} may run beside {_label(program, j)} on the other compute "
+            f"unit (overlap) and both use {what}: use the other bank or queue, or clear "
+            "overlap", index=index)
+
+
+def _acc_banks(access, bank_rows: int) -> frozenset[int]:
+    """The accumulator banks an instruction's accesses fall in."""
+    rows = [idx for space, idx in access.reads + access.writes if space == "acc"]
+    return frozenset(b for idx in rows for b in _banks_of(idx, bank_rows))
+
+
+def _banks_of(idx, bank_rows: int) -> set[int]:
+    if isinstance(idx, tuple):
+        lo, hi = idx
+        return set(range(lo // bank_rows, (hi - 1) // bank_rows + 1)) if hi > lo else set()
+    return {int(b) for b in np.unique(np.asarray(idx) // bank_rows)}
 
 
 def module_names(program: Program) -> list[str]:

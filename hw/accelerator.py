@@ -8,6 +8,8 @@
                         |                             |
     m_axi_p<fetch> -- [Fetch] --+-- load cmd FIFO --> [Load] -- inp, wgt buffers
                                 +-- compute cmd FIFO -> [Compute] -- uop, acc, out buffers
+                                |                   (GEMM unit, ALU unit; acc and out in
+                                |                    ACC_BANKS banks by row)
                                 +-- store cmd FIFO --> [Store]   (reads out)
     token queues: load->compute, compute->load, compute->store, store->compute
 
@@ -21,14 +23,14 @@ from amaranth.hdl import Cat, Module, ResetInserter, Signal
 from amaranth.lib import fifo, memory, wiring
 from amaranth.lib.wiring import In, Out
 
-from tessera.config import HwConfig
+from tessera.config import ACC_BANKS, HwConfig
 from tessera.errors import ConfigError
 from tessera.isa import INSN_BITS, get_isa
 from tessera.regmap import ERROR_CODE_BITS, axi_ports
 
 from .control import Control
 from .fetch import TARGETS, Fetch
-from .modules import ComputeModule, LoadModule, StoreModule
+from .modules import ComputeModule, LoadModule, StoreModule, bank_addr, bank_of
 from .ports import axi_lite_signature, axi_read_members, axi_signature, axi_write_members
 from .sequencer import INDEX_BITS, TokenQueue
 
@@ -83,17 +85,31 @@ class Accelerator(wiring.Component):
         uop = buffer("uop_buf", isa.uop_layout.bits, c.uop_depth)
         inp = buffer("inp_buf", c.inp_entry_bytes * 8, c.inp_depth)
         wgt = buffer("wgt_buf", c.wgt_entry_bytes * 8, c.wgt_depth)
-        acc = buffer("acc_buf", c.acc_entry_bytes * 8, c.acc_depth)
-        out = buffer("out_buf", c.out_entry_bytes * 8, c.out_depth)
+        # The accumulator and its output mirror: ACC_BANKS banks by row, a port each.
+        accs = [buffer(f"acc_buf{b}", c.acc_entry_bytes * 8, c.acc_bank_rows)
+                for b in range(ACC_BANKS)]
+        outs = [buffer(f"out_buf{b}", c.out_entry_bytes * 8, c.acc_bank_rows)
+                for b in range(ACC_BANKS)]
         load, comp, store = mods["load"], mods["compute"], mods["store"]
         for mem, port in ((uop, comp.uop_wr), (inp, load.inp_wr), (wgt, load.wgt_wr),
-                          (acc, comp.acc_wr), (out, comp.out_wr)):
+                          *zip(accs, comp.acc_wr), *zip(outs, comp.out_wr)):
             wp = mem.write_port()
             m.d.comb += [wp.addr.eq(port.addr), wp.data.eq(port.data), wp.en.eq(port.en)]
-        for mem, port in ((uop, comp.uop_rd), (inp, comp.inp_rd), (wgt, comp.wgt_rd),
-                          (acc, comp.acc_rd), (out, store.out_rd)):
+        for mem, port in ((inp, comp.inp_rd), (wgt, comp.wgt_rd), *zip(accs, comp.acc_rd),
+                          *((uop, p) for p in comp.uop_rd)):
             rp = mem.read_port()
             m.d.comb += [rp.addr.eq(port.addr), rp.en.eq(port.en), port.data.eq(rp.data)]
+        # The store reads the out bank of its row; the bank bit is registered with the read,
+        # so the data holds while en is low, as a single memory's would.
+        out_rd = store.out_rd
+        out_bank = Signal(range(ACC_BANKS))
+        with m.If(out_rd.en):
+            m.d.sync += out_bank.eq(bank_of(c, out_rd.addr))
+        for b, mem in enumerate(outs):
+            rp = mem.read_port()
+            m.d.comb += [rp.addr.eq(bank_addr(c, out_rd.addr)), rp.en.eq(out_rd.en)]
+            with m.If(out_bank == b):
+                m.d.comb += out_rd.data.eq(rp.data)
 
         # ---- command queues
         for t in TARGETS:
@@ -124,7 +140,7 @@ class Accelerator(wiring.Component):
 
         # ---- errors, halt, finish
         codes = [("fetch", fetch.error_code, fetch.error_index)] + \
-            [(n, mods[n].error, mods[n].seq.index) for n in ("load", "compute", "store")]
+            [(n, mods[n].error, mods[n].error_index) for n in ("load", "compute", "store")]
         code, index = Signal(ERROR_CODE_BITS), Signal(INDEX_BITS)
         for _, c_sig, i_sig in reversed(codes):
             with m.If(c_sig != 0):

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
@@ -217,6 +218,11 @@ def _clip_hw(m: Module, a: Value, b: Value) -> Value:
     return Mux(low_clamped > hi, hi, low_clamped)
 
 
+def _mov_hw(m: Module, a: Value, b: Value) -> Value:
+    # The operand as is: the tensor ALU reads only src for MOV (AluTiming.reads_dst).
+    return b
+
+
 def _clip_imm_operand(imm: Value, imm_bits: int) -> Value:
     """CLIP's immediate: two signed halves ``lo | hi << imm_bits//2``, each sign-extended
     to 16 bits into ``lo | hi << 16`` (hardware image of ``_clip_imm_to_operand``)."""
@@ -291,18 +297,31 @@ def _requant_hw(m: Module, a: Value, b: Value) -> Value:
     return _sat_signed32(mag_y, s3_neg)
 
 
-#: name -> (built-in semantics, latency, hook). A built-in gets its hook only while
-#: its registered semantics and latency are still the built-in ones, so a user's
+def _is_builtin_mov(semantics: Callable) -> bool:
+    """MOV's built-in semantics is an unnamed ``lambda a, b: b`` in
+    ``tessera.isa.intrinsics``: recognise it by where it was defined."""
+    code = getattr(semantics, "__code__", None)
+    return (code is not None and getattr(semantics, "__name__", "") == "<lambda>"
+            and Path(code.co_filename).resolve() == Path(_intrinsics.__file__).resolve())
+
+
+def _is(semantics: Callable) -> Callable[[Callable], bool]:
+    return lambda registered: registered is semantics
+
+
+#: name -> (is the built-in semantics?, latency, hook). A built-in gets its hook only
+#: while its registered semantics and latency are still the built-in ones, so a user's
 #: redefinition of e.g. MIN is never paired with the wrong hardware.
-_BUILTIN_HARDWARE: dict[str, tuple[Callable, int, AluHardware]] = {
-    "MIN": (np.minimum, 3, AluHardware(_min_hw)),
-    "MAX": (np.maximum, 3, AluHardware(_max_hw)),
-    "ADD": (np.add, 3, AluHardware(_add_hw)),
-    "SUB": (np.subtract, 3, AluHardware(_sub_hw)),
-    "SHR": (_intrinsics._shr, 3, AluHardware(_shr_hw)),
-    "MUL": (np.multiply, 4, AluHardware(_mul_hw)),
-    "CLIP": (_intrinsics._clip, 3, AluHardware(_clip_hw, _clip_imm_operand)),
-    "REQUANT": (_rq.requantize_packed, 6, AluHardware(_requant_hw)),
+_BUILTIN_HARDWARE: dict[str, tuple[Callable[[Callable], bool], int, AluHardware]] = {
+    "MIN": (_is(np.minimum), 3, AluHardware(_min_hw)),
+    "MAX": (_is(np.maximum), 3, AluHardware(_max_hw)),
+    "ADD": (_is(np.add), 3, AluHardware(_add_hw)),
+    "SUB": (_is(np.subtract), 3, AluHardware(_sub_hw)),
+    "SHR": (_is(_intrinsics._shr), 3, AluHardware(_shr_hw)),
+    "MUL": (_is(np.multiply), 4, AluHardware(_mul_hw)),
+    "CLIP": (_is(_intrinsics._clip), 3, AluHardware(_clip_hw, _clip_imm_operand)),
+    "MOV": (_is_builtin_mov, 3, AluHardware(_mov_hw)),
+    "REQUANT": (_is(_rq.requantize_packed), 6, AluHardware(_requant_hw)),
 }
 
 
@@ -312,11 +331,11 @@ def attach_builtin_hardware() -> None:
     Idempotent. An op is left alone when it already has hardware, or when a
     user re-registered the name with other semantics or another latency.
     """
-    for name, (semantics, latency, hw) in _BUILTIN_HARDWARE.items():
+    for name, (is_builtin, latency, hw) in _BUILTIN_HARDWARE.items():
         op = ALU_OPS.by_name(name, default=None)
         if op is None or op.hardware is not None:
             continue
-        if op.semantics is not semantics or op.timing.latency != latency:
+        if not is_builtin(op.semantics) or op.timing.latency != latency:
             continue
         ALU_OPS.register(dataclasses.replace(op, hardware=hw), replace=True)
 

@@ -108,6 +108,12 @@ class _Geometry:
         return stmts, (ins.y_size != 0) & (self.byte_addr(end) > (1 << AXI_ADDR_BITS))
 
 
+def _times_pad(pad, value):
+    """``pad * value`` for a pad of ``PAD_BITS`` bits, as shift-and-add: a few adders in
+    LUTs, where a ``*`` would take a DSP48 (the DSPs are the GEMM core's and the ALU's)."""
+    return sum(Mux(pad[i], value << i, 0) for i in range(len(pad)))[:len(value) + len(pad)]
+
+
 class BurstAddressGenerator(wiring.Component):
     """Splits the rows of a 2-D transfer into AXI bursts, one address handshake each.
 
@@ -238,19 +244,18 @@ class DmaReader(_DmaEngine):
 
         # ---- setup: block shape, checks, and the start of every phase
         cols = Signal(size_w)
-        # Pad products (4-bit pads) are cheap in LUTs; keep them off the DSPs.
-        top_n = Signal(2 * size_w + 1, attrs=SOFT_MULTIPLIER)
-        bot_n = Signal(2 * size_w + 1, attrs=SOFT_MULTIPLIER)
+        top_n = Signal(size_w + PAD_BITS)
+        bot_n = Signal(size_w + PAD_BITS)
         mid_start, bot_start = Signal(2 * size_w + 1), Signal(2 * size_w + 1)
         side = Signal(PAD_BITS + 1)
         dram_stmts, dram_err = g.dram_error(ins)
         m.d.comb += dram_stmts
         m.d.comb += [
             cols.eq(ins.x_pad_0 + ins.x_size + ins.x_pad_1),
-            top_n.eq(ins.y_pad_0 * cols),
+            top_n.eq(_times_pad(ins.y_pad_0, cols)),
             mid_start.eq(ins.sram_base + top_n),
             bot_start.eq(mid_start + ins.y_size * cols),
-            bot_n.eq(ins.y_pad_1 * cols),
+            bot_n.eq(_times_pad(ins.y_pad_1, cols)),
             side.eq(ins.x_pad_0 + ins.x_pad_1),
         ]
         # rows * cols without another multiplier: the three bands of the block.

@@ -10,25 +10,49 @@ from amaranth.hdl import Cat, Module, Mux, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
-from tessera.config import HwConfig
-from tessera.isa import INSN_BITS, MemType, Opcode, get_isa
+from tessera.config import ACC_BANKS, HwConfig
+from tessera.isa import INSN_BITS, Alu, Finish, Gemm, Instruction, Load, MemType, Opcode, get_isa
 from tessera.isa.encoding import OPCODE_BITS
 from tessera.isa.instructions import LOAD_MODULE
 from tessera.regmap import axi_id
+from tessera.timing import COMPUTE_UNITS, compute_unit, units_awaited, units_taken
 
 from tessera.regmap import ERROR_CODE_BITS
 from .dma import DmaReader, DmaWriter
-from .layouts import mem_layout
+from .layouts import alu_layout, gemm_layout, mem_layout
 from .ports import axi_read_members, axi_signature, sram_read_signature, sram_write_signature
-from .sequencer import Sequencer
+from .sequencer import INDEX_BITS, Sequencer
 from .tensor import TensorPipeline
 
 
-def _first_error(m: Module, target: Signal, codes: list) -> None:
-    """``target`` = the first non-zero code (only one executor runs at a time anyway)."""
-    for code in reversed(codes):
-        with m.If(code != 0):
-            m.d.comb += target.eq(code)
+def _first_error(m: Module, target: Signal, codes: list, index: Signal | None = None,
+                 indices: list | None = None) -> None:
+    """``target`` = the first non-zero code, ``index`` the matching entry of ``indices``
+    (the index of the instruction that failed)."""
+    for i in reversed(range(len(codes))):
+        with m.If(codes[i] != 0):
+            m.d.comb += target.eq(codes[i])
+            if index is not None:
+                m.d.comb += index.eq(indices[i])
+
+
+def acc_bank_row_bits(config: HwConfig) -> int:
+    """Bits of a row index within an accumulator bank: a row's bank is its index's top
+    bits (``row // acc_bank_rows``), its address in the bank the low bits."""
+    rows = config.acc_bank_rows
+    assert rows * ACC_BANKS == config.acc_depth and rows & (rows - 1) == 0, \
+        "banks of a power-of-two number of rows"
+    return rows.bit_length() - 1
+
+
+def bank_of(config: HwConfig, row):
+    """The bank of an accumulator (or output buffer) row index ``row``."""
+    return row[acc_bank_row_bits(config):]
+
+
+def bank_addr(config: HwConfig, row):
+    """The address of ``row`` within its bank."""
+    return row[:acc_bank_row_bits(config)]
 
 
 def _share_read_port(m: Module, axi, engines: dict, selected: Signal) -> None:
@@ -71,12 +95,13 @@ class LoadModule(wiring.Component):
             "axi": Out(axi_signature(c.bus_bytes * 8, write=False)),
             "inp_wr": Out(sram_write_signature(c.inp_index_bits, c.inp_entry_bytes * 8)),
             "wgt_wr": Out(sram_write_signature(c.wgt_index_bits, c.wgt_entry_bytes * 8)),
-            "error": Out(ERROR_CODE_BITS), "busy": Out(1),
+            "error": Out(ERROR_CODE_BITS), "error_index": Out(INDEX_BITS), "busy": Out(1),
         })
 
     def elaborate(self, platform) -> Module:
         m = Module()
         m.submodules.seq = seq = self.seq
+        m.d.comb += self.error_index.eq(seq.index[0])
         for mt, eng in self.readers.items():
             m.submodules[f"dma_{mt.label}"] = eng
         sel = Signal(range(max(MemType) + 1))
@@ -107,12 +132,13 @@ class StoreModule(wiring.Component):
         super().__init__({
             "axi": Out(axi_signature(c.bus_bytes * 8, read=False)),
             "out_rd": Out(sram_read_signature(c.acc_index_bits, c.out_entry_bytes * 8)),
-            "error": Out(ERROR_CODE_BITS), "busy": Out(1),
+            "error": Out(ERROR_CODE_BITS), "error_index": Out(INDEX_BITS), "busy": Out(1),
         })
 
     def elaborate(self, platform) -> Module:
         m = Module()
         m.submodules.seq = seq = self.seq
+        m.d.comb += self.error_index.eq(seq.index[0])
         m.submodules.dma = eng = self.writer
         m.d.comb += [eng.insn.eq(_mem_of(self.config, seq.insn)), eng.start.eq(seq.start)]
         wiring.connect(m, wiring.flipped(self.axi), eng.axi)
@@ -122,85 +148,165 @@ class StoreModule(wiring.Component):
         return m
 
 
-class ComputeModule(wiring.Component):
-    """Runs LOAD uop/acc/acc8, GEMM, ALU and FINISH.
+def _unit_mask(units: tuple[str, ...]) -> int:
+    """A bit per compute unit (bit ``i``: ``COMPUTE_UNITS[i]``)."""
+    return sum(1 << COMPUTE_UNITS.index(u) for u in units)
 
-    Every accumulator write is mirrored into the output buffer, saturated to
-    the output width (the output buffer mirrors the accumulator, see
-    docs/timing.md). ``finish`` is high in the one cycle FINISH executes.
+
+def _masks(insn: Instruction) -> tuple[int, int]:
+    """The units ``insn`` waits for and the units it occupies (tessera.timing)."""
+    return _unit_mask(units_awaited(insn)), _unit_mask(units_taken(insn))
+
+
+class ComputeModule(wiring.Component):
+    """Runs LOAD uop/acc/acc8, GEMM, ALU and FINISH on two execution units.
+
+    The sequencer has one unit per entry of ``tessera.timing.COMPUTE_UNITS``,
+    each with its :class:`TensorPipeline` (GEMM, ALU); an instruction waits for
+    and occupies the units ``units_awaited``/``units_taken`` name (the
+    ``overlap`` bit lets a GEMM or ALU start beside the other unit's
+    instruction), and LOADs and FINISH take both. The accumulator and the
+    output buffer are ``ACC_BANKS`` banks by row (``acc_rd``, ``acc_wr``,
+    ``out_wr``: one port per bank): each pipeline's reads and writes go to the
+    bank of their row, the GEMM pipeline (and the acc/acc8 DMA) first when
+    both units want one bank in a cycle, which a valid program never does
+    (docs/timing.md, "Compute units"). Every accumulator write is mirrored
+    into the output buffer, saturated to the output width. ``finish`` is high
+    in the one cycle FINISH executes; ``error_index`` names the instruction
+    whose unit reports ``error``.
     """
 
     def __init__(self, config: HwConfig) -> None:
         self.config = config
         c = config
         isa = get_isa(c)
-        self.seq = Sequencer(config, INSN_BITS)
+        self.seq = Sequencer(config, INSN_BITS, units=len(COMPUTE_UNITS))
         self.readers = _readers_for(config, "compute")
-        self.pipeline = TensorPipeline(config)
+        self.pipelines = {unit: TensorPipeline(config, unit) for unit in COMPUTE_UNITS}
+        row_bits = acc_bank_row_bits(c)
         super().__init__({
             "axi": Out(axi_signature(c.bus_bytes * 8, write=False)),
             "uop_wr": Out(sram_write_signature(c.uop_index_bits, isa.uop_layout.bits)),
-            "uop_rd": Out(sram_read_signature(c.uop_index_bits, isa.uop_layout.bits)),
+            "uop_rd": Out(sram_read_signature(c.uop_index_bits, isa.uop_layout.bits)
+                          ).array(len(COMPUTE_UNITS)),
             "inp_rd": Out(sram_read_signature(c.inp_index_bits, c.inp_entry_bytes * 8)),
             "wgt_rd": Out(sram_read_signature(c.wgt_index_bits, c.wgt_entry_bytes * 8)),
-            "acc_rd": Out(sram_read_signature(c.acc_index_bits, c.acc_entry_bytes * 8)),
-            "acc_wr": Out(sram_write_signature(c.acc_index_bits, c.acc_entry_bytes * 8)),
-            "out_wr": Out(sram_write_signature(c.acc_index_bits, c.out_entry_bytes * 8)),
-            "finish": Out(1), "error": Out(ERROR_CODE_BITS), "busy": Out(1),
+            "acc_rd": Out(sram_read_signature(row_bits, c.acc_entry_bytes * 8)).array(ACC_BANKS),
+            "acc_wr": Out(sram_write_signature(row_bits, c.acc_entry_bytes * 8)).array(ACC_BANKS),
+            "out_wr": Out(sram_write_signature(row_bits, c.out_entry_bytes * 8)).array(ACC_BANKS),
+            "finish": Out(1), "error": Out(ERROR_CODE_BITS), "error_index": Out(INDEX_BITS),
+            "busy": Out(1),
         })
 
     def elaborate(self, platform) -> Module:
         m = Module()
         c = self.config
         m.submodules.seq = seq = self.seq
-        m.submodules.pipeline = pipe = self.pipeline
+        pipes = [self.pipelines[unit] for unit in COMPUTE_UNITS]
+        for unit, pipe in self.pipelines.items():
+            m.submodules[f"{unit}_unit"] = pipe
         for mt, eng in self.readers.items():
             m.submodules[f"dma_{mt.label}"] = eng
         opcode = seq.insn[:OPCODE_BITS]
         mem = _mem_of(c, seq.insn)
         is_load = opcode == Opcode.LOAD
 
+        # ---- units: which the head instruction waits for and occupies
+        kinds = {Opcode.GEMM: (Gemm, gemm_layout(c)), Opcode.ALU: (Alu, alu_layout(c))}
+        others = _masks(Finish())
+        assert _masks(Load(mem=MemType.UOP)) == others
+        with m.Switch(opcode):
+            for op, (cls, layout) in kinds.items():
+                overlap = data.View(layout, seq.insn[:layout.size]).overlap
+                with m.Case(op):
+                    (aw0, tk0), (aw1, tk1) = _masks(cls(overlap=False)), _masks(cls(overlap=True))
+                    m.d.comb += [seq.awaits.eq(Mux(overlap, aw1, aw0)),
+                                 seq.takes.eq(Mux(overlap, tk1, tk0))]
+            with m.Default():
+                m.d.comb += [seq.awaits.eq(others[0]), seq.takes.eq(others[1])]
+        for unit, pipe in self.pipelines.items():
+            op = next(op for op, (cls, _) in kinds.items() if compute_unit(cls()) == unit)
+            m.d.comb += [pipe.insn.eq(seq.insn), pipe.start.eq(seq.start & (opcode == op))]
+        m.d.comb += self.finish.eq(seq.start & (opcode == Opcode.FINISH))
+
+        # ---- LOAD uop/acc/acc8
         sel = Signal(range(max(MemType) + 1))
         with m.If(seq.start & is_load):
             m.d.sync += sel.eq(mem.mem)
         for mt, eng in self.readers.items():
             m.d.comb += [eng.insn.eq(mem), eng.start.eq(seq.start & is_load & (mem.mem == mt))]
         _share_read_port(m, self.axi, self.readers, sel)
-        m.d.comb += [pipe.insn.eq(seq.insn),
-                     pipe.start.eq(seq.start & ((opcode == Opcode.GEMM) | (opcode == Opcode.ALU))),
-                     self.finish.eq(seq.start & (opcode == Opcode.FINISH))]
-
-        # Buffers: uop from its DMA; inp/wgt/uop reads by the pipeline.
         uop_dma = self.readers[MemType.UOP]
         m.d.comb += [self.uop_wr.addr.eq(uop_dma.sram.addr), self.uop_wr.data.eq(uop_dma.sram.data),
                      self.uop_wr.en.eq(uop_dma.sram.en)]
-        for port, src in ((self.uop_rd, pipe.uop), (self.inp_rd, pipe.inp), (self.wgt_rd, pipe.wgt),
-                          (self.acc_rd, pipe.acc_rd)):
-            wiring.connect(m, wiring.flipped(port), src)
 
-        # Accumulator writes: the acc and acc8 DMAs or the pipeline (one runs at a time).
+        # ---- buffer reads: a uop port per unit; inp/wgt for the GEMM unit
+        gemm = self.pipelines[compute_unit(Gemm())]
+        for port, src in ((self.inp_rd, gemm.inp), (self.wgt_rd, gemm.wgt),
+                          *zip(self.uop_rd, (p.uop for p in pipes))):
+            wiring.connect(m, wiring.flipped(port), src)
+        self._acc_reads(m, [gemm.acc_rd] + [p.acc_rd for p in pipes if p is not gemm])
+
+        # ---- accumulator writes: the acc and acc8 DMAs share the GEMM unit's stream (a
+        # LOAD runs alone); each stream goes to the bank of its row.
         lanes = c.batch * c.block_out
         acc8 = self.readers[MemType.ACC8].sram
         acc8_wide = Cat(*(_sign_extend(acc8.data.word_select(j, 8), c.acc_width)
                           for j in range(lanes)))
         acc = self.readers[MemType.ACC].sram
-        wr = self.acc_wr
+        g_wr = Signal.like(gemm.acc_wr.data, name="gemm_stream_data")
+        g_row = Signal.like(gemm.acc_wr.addr, name="gemm_stream_row")
+        g_en = Signal(name="gemm_stream_en")
         with m.If(acc.en):
-            m.d.comb += [wr.en.eq(1), wr.addr.eq(acc.addr), wr.data.eq(acc.data)]
+            m.d.comb += [g_en.eq(1), g_row.eq(acc.addr), g_wr.eq(acc.data)]
         with m.Elif(acc8.en):
-            m.d.comb += [wr.en.eq(1), wr.addr.eq(acc8.addr), wr.data.eq(acc8_wide)]
+            m.d.comb += [g_en.eq(1), g_row.eq(acc8.addr), g_wr.eq(acc8_wide)]
         with m.Else():
-            m.d.comb += [wr.en.eq(pipe.acc_wr.en), wr.addr.eq(pipe.acc_wr.addr),
-                         wr.data.eq(pipe.acc_wr.data)]
-        m.d.comb += [self.out_wr.en.eq(wr.en), self.out_wr.addr.eq(wr.addr),
-                     self.out_wr.data.eq(Cat(*(_saturate(wr.data.word_select(j, c.acc_width),
-                                                         c.out_width)
-                                               for j in range(lanes))))]
+            m.d.comb += [g_en.eq(gemm.acc_wr.en), g_row.eq(gemm.acc_wr.addr),
+                         g_wr.eq(gemm.acc_wr.data)]
+        streams = [(g_en, g_row, g_wr)] + [(p.acc_wr.en, p.acc_wr.addr, p.acc_wr.data)
+                                           for p in pipes if p is not gemm]
+        saturated = [Cat(*(_saturate(d.word_select(j, c.acc_width), c.out_width)
+                           for j in range(lanes))) for _, _, d in streams]
+        for b in range(ACC_BANKS):
+            acc_wr, out_wr = self.acc_wr[b], self.out_wr[b]
+            for i, (en, row, wdata) in enumerate(streams):
+                with (m.If if i == 0 else m.Elif)(en & (bank_of(c, row) == b)):
+                    m.d.comb += [acc_wr.en.eq(1), acc_wr.addr.eq(bank_addr(c, row)),
+                                 acc_wr.data.eq(wdata),
+                                 out_wr.en.eq(1), out_wr.addr.eq(bank_addr(c, row)),
+                                 out_wr.data.eq(saturated[i])]
 
-        busy = Cat(pipe.busy, *(e.busy for e in self.readers.values())).any()
-        m.d.comb += [self.busy.eq(busy), seq.exec_busy.eq(busy)]
-        _first_error(m, self.error, [pipe.error] + [e.error for e in self.readers.values()])
+        # ---- busy, errors
+        dma_busy = Cat(*(e.busy for e in self.readers.values())).any()
+        m.d.comb += [seq.exec_busy[u].eq(pipe.busy | dma_busy) for u, pipe in enumerate(pipes)]
+        m.d.comb += self.busy.eq(Cat(dma_busy, *(p.busy for p in pipes)).any())
+        # A LOAD's index is kept by the lowest unit it takes (like its push flags).
+        load_lead = min(COMPUTE_UNITS.index(u) for u in units_taken(Load(mem=MemType.UOP)))
+        dmas = list(self.readers.values())
+        _first_error(m, self.error, [p.error for p in pipes] + [e.error for e in dmas],
+                     self.error_index,
+                     [seq.index[u] for u in range(len(pipes))] + [seq.index[load_lead]] * len(dmas))
         return m
+
+    def _acc_reads(self, m: Module, readers: list) -> None:
+        """Each bank's read port serves the first reader (by priority) that reads one of
+        its rows this cycle, else the last; a reader gets the data of the bank its last
+        cycle's address was in."""
+        c = self.config
+        for b in range(ACC_BANKS):
+            port = self.acc_rd[b]
+            m.d.comb += [port.en.eq(1), port.addr.eq(bank_addr(c, readers[-1].addr))]
+            for r in reversed(readers[:-1]):
+                with m.If(r.en & (bank_of(c, r.addr) == b)):
+                    m.d.comb += port.addr.eq(bank_addr(c, r.addr))
+        for i, r in enumerate(readers):
+            sel = Signal(range(ACC_BANKS), name=f"acc_rd_bank{i}")
+            m.d.sync += sel.eq(bank_of(c, r.addr))
+            with m.Switch(sel):
+                for b in range(ACC_BANKS):
+                    with m.Case(b):
+                        m.d.comb += r.data.eq(self.acc_rd[b].data)
 
 
 def _sign_extend(value, width: int):

@@ -44,16 +44,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from tessera.errors import ConfigError, TesseraError
+from tessera.errors import ConfigError, SynthesisError
 
 __all__ = [
     "PartCapacity", "PART_CAPACITY", "ResourceReport", "SynthesisError", "family_of",
     "part_capacity", "parse_stat", "count_resources", "synthesize", "SOFT_MUL_SELECTION",
 ]
-
-
-class SynthesisError(TesseraError):
-    """yosys is missing, failed, or did not finish in time."""
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,25 @@
-"""The tensor pipeline: GEMM core and tensor ALU over the shared loop nest.
+"""The tensor pipelines: the compute module's GEMM unit and ALU unit.
 
-One operation issues every ``ii`` cycles (1 for GEMM, resets and immediate
-ALU ops, ``ii_tensor`` for ALU ops with a tensor operand). An operation
-issued in cycle ``t`` goes through:
+The compute module has one pipeline per execution unit
+(``tessera.timing.COMPUTE_UNITS``, docs/timing.md "Compute units"): the GEMM
+kind runs GEMM instructions (resets included) and holds the multiplier array;
+the ALU kind runs ALU instructions (resets included) and holds the ALU ops'
+hooks. Each has its own loop nest, uop read port and accumulator read and
+write ports; the compute module routes the latter to the accumulator banks.
+
+One operation issues every ``ii`` cycles: 1 for GEMM, resets, immediate ALU
+ops and tensor ALU ops that ignore ``dst`` (``AluTiming.reads_dst`` false,
+e.g. MOV); ``ii_tensor`` for the other tensor ALU ops. An operation issued in
+cycle ``t`` goes through:
 
 * ``t``: read its uop;
 * ``t+1``: form the buffer indices (uop + loop offsets), check them, read
   ``inp``/``wgt``/``acc[dst]`` (GEMM, ALU immediate) or ``acc[src]`` (ALU tensor);
-* ``t+2``: GEMM multiply-accumulate into a register; ALU immediate: the op's
-  hardware hook starts; ALU tensor: read ``acc[dst]``;
-* ``t+3``: GEMM and resets write ``acc[dst]``; ALU tensor: the hook starts;
+* ``t+2``: GEMM multiply-accumulate into a register; ALU immediate, and ALU
+  tensor ops that ignore ``dst``: the op's hardware hook starts; other ALU
+  tensor ops: read ``acc[dst]``;
+* ``t+3``: GEMM and resets write ``acc[dst]``; those other ALU tensor ops: the
+  hook starts;
 * ``t + write_latency``: the ALU writes ``acc[dst]`` (the hook's ``latency - 3``
   stages plus one output register).
 
@@ -25,25 +35,29 @@ from amaranth.lib.wiring import In, Out
 
 from tessera.config import HwConfig
 from tessera.errors import ConfigError
-from tessera.isa import ALU_OPS, INSN_BITS, get_isa
-from tessera.isa.encoding import OPCODE_BITS
-from tessera.isa.instructions import Opcode
-from tessera.regmap import ErrorCode
-from tessera.timing import COMPUTE_SETUP_CYCLES, GEMM_LATENCY
+from tessera.isa import ALU_OPS, INSN_BITS, Alu, get_isa
+from tessera.isa.intrinsics import TENSOR_OPERAND_CYCLES
+from tessera.regmap import ERROR_CODE_BITS, ErrorCode
+from tessera.timing import COMPUTE_SETUP_CYCLES, COMPUTE_UNITS, GEMM_LATENCY, compute_unit
 
 from .alu_ops import ALU_BASE_LATENCY, hardware_of
-from tessera.regmap import ERROR_CODE_BITS
 from .layouts import alu_layout, gemm_layout, uop_layout
 from .ports import sram_read_signature, sram_write_signature
 
 #: Pipeline stage at which every operation has read its rows and the GEMM sum is formed.
 _GEMM_SUM_STAGE = 2
-#: The ALU hook gets its operands at this stage (immediate form), one later with a tensor operand.
+#: The ALU hook gets its operands at this stage (immediate form, and tensor ops that ignore
+#: ``dst``), one later for the other tensor ops (their second row arrives then).
 _ALU_HOOK_STAGE = 2
 assert COMPUTE_SETUP_CYCLES == 1, "the pipeline latches the instruction in its one setup cycle"
 assert GEMM_LATENCY == _GEMM_SUM_STAGE + 1
 # A hook with no register stages writes at the immediate form's base latency.
 assert ALU_BASE_LATENCY == _ALU_HOOK_STAGE + 1
+# The tensor form's second row is read one cycle after the first, through the same port.
+assert TENSOR_OPERAND_CYCLES == 1
+
+#: The unit whose pipeline runs ALU instructions (the other runs GEMMs).
+ALU_UNIT = compute_unit(Alu())
 
 
 def _alu_ops_with_timing():
@@ -51,75 +65,88 @@ def _alu_ops_with_timing():
     ops = []
     for op in ALU_OPS:
         t = op.timing
-        if t.ii_imm < 1 or t.ii_tensor < 2 or t.latency < ALU_BASE_LATENCY:
-            raise ConfigError(f"ALU op {op.name}: the hardware needs ii_imm >= 1, ii_tensor >= 2 "
-                              f"(two reads through one port) and latency >= 3, not {t}")
+        # Two rows through one read port take two cycles; an op ignoring dst reads one.
+        min_ii_tensor = 1 + TENSOR_OPERAND_CYCLES if t.reads_dst else 1
+        if t.ii_imm < 1 or t.ii_tensor < min_ii_tensor or t.latency < ALU_BASE_LATENCY:
+            raise ConfigError(f"ALU op {op.name}: the hardware needs ii_imm >= 1, ii_tensor >= "
+                              f"{min_ii_tensor} (the rows it reads through one port) and "
+                              f"latency >= {ALU_BASE_LATENCY}, not {t}")
         ops.append((op, hardware_of(op)))
     return ops
 
 
 class TensorPipeline(wiring.Component):
-    """Executes GEMM and ALU instructions (started by the compute module)."""
+    """One compute unit's pipeline: ``unit`` is ``"gemm"`` or ``"alu"``
+    (``tessera.timing.COMPUTE_UNITS``); started by the compute module with the
+    instruction of its kind. Only the GEMM kind has the ``inp`` and ``wgt``
+    read ports. ``acc_rd.en`` is high in the cycles whose read the pipeline
+    uses (the compute module gives it the bank then)."""
 
-    def __init__(self, config: HwConfig) -> None:
+    def __init__(self, config: HwConfig, unit: str) -> None:
+        if unit not in COMPUTE_UNITS:
+            raise ValueError(f"unit must be one of {COMPUTE_UNITS}, not {unit!r}")
         self.config = config
+        self.unit = unit
+        self.is_alu = unit == ALU_UNIT
         c = config
         isa = get_isa(c)
         self.lanes = c.batch * c.block_out
-        super().__init__({
+        members = {
             "start": In(1), "insn": In(INSN_BITS),
             "busy": Out(1), "error": Out(ERROR_CODE_BITS),
             "uop": Out(sram_read_signature(c.uop_index_bits, isa.uop_layout.bits)),
-            "inp": Out(sram_read_signature(c.inp_index_bits, c.inp_entry_bytes * 8)),
-            "wgt": Out(sram_read_signature(c.wgt_index_bits, c.wgt_entry_bytes * 8)),
             "acc_rd": Out(sram_read_signature(c.acc_index_bits, c.acc_entry_bytes * 8)),
             "acc_wr": Out(sram_write_signature(c.acc_index_bits, c.acc_entry_bytes * 8)),
-        })
+        }
+        if not self.is_alu:
+            members["inp"] = Out(sram_read_signature(c.inp_index_bits, c.inp_entry_bytes * 8))
+            members["wgt"] = Out(sram_read_signature(c.wgt_index_bits, c.wgt_entry_bytes * 8))
+        super().__init__(members)
 
     def elaborate(self, platform) -> Module:
         m = Module()
         c = self.config
-        ops = _alu_ops_with_timing()
-        gl, al = gemm_layout(c), alu_layout(c)
-        g = data.View(gl, self.insn[:gl.size])
-        a = data.View(al, self.insn[:al.size])
+        is_alu = self.is_alu
+        ops = _alu_ops_with_timing() if is_alu else []
+        layout = alu_layout(c) if is_alu else gemm_layout(c)
+        f = data.View(layout, self.insn[:layout.size])
+        kinds = ("dst", "src") if is_alu else ("dst", "src", "wgt")
 
         # ---------------------------------------------------- the instruction
-        is_alu = Signal()
         reset = Signal()
-        uop_begin = Signal.like(g.uop_begin)
-        uop_end = Signal.like(g.uop_end)
-        iter_out, iter_in = Signal.like(g.iter_out), Signal.like(g.iter_in)
+        uop_begin = Signal.like(f.uop_begin)
+        uop_end = Signal.like(f.uop_end)
+        iter_out, iter_in = Signal.like(f.iter_out), Signal.like(f.iter_in)
         wide = c.acc_index_bits + c.loop_bits + 1
         factors = {k: (Signal(wide, name=f"{k}_fo"), Signal(wide, name=f"{k}_fi"))
-                   for k in ("dst", "src", "wgt")}
-        alu_op = Signal.like(a.alu_op)
+                   for k in kinds}
+        lat_max = max([GEMM_LATENCY] + [o.timing.write_latency(imm) for o, _ in ops
+                                        for imm in (False, True)])
+        ii_max = max([1] + [max(o.timing.ii_imm, o.timing.ii_tensor) for o, _ in ops])
         use_imm = Signal()
-        imm = Signal.like(a.imm)
-        ii = Signal(range(max([2] + [max(o.timing.ii_imm, o.timing.ii_tensor) for o, _ in ops]) + 1))
-        lat_max = max([GEMM_LATENCY] + [o.timing.write_latency(False) for o, _ in ops])
-        wlat = Signal(range(lat_max + 1))
+        two_reads = Signal()     # a tensor op that reads src, then dst a cycle later
+        ii = Signal(range(ii_max + 1), init=1)
+        wlat = Signal(range(lat_max + 1), init=GEMM_LATENCY)
 
-        new_alu = self.insn[:OPCODE_BITS] == Opcode.ALU
-        new_reset = g.reset
-        new_n_zero = (g.uop_end <= g.uop_begin) | (g.iter_out == 0) | (g.iter_in == 0)
+        new_n_zero = (f.uop_end <= f.uop_begin) | (f.iter_out == 0) | (f.iter_in == 0)
         start_err = Signal(ERROR_CODE_BITS)
-        with m.If(g.uop_end > c.uop_depth):
+        with m.If(f.uop_end > c.uop_depth):
             m.d.comb += start_err.eq(ErrorCode.UOP_BOUNDS)
-        with m.Elif(new_alu & ~new_reset):
-            m.d.comb += start_err.eq(ErrorCode.ALU_OP)
-            with m.Switch(a.alu_op):
-                for op, _ in ops:
-                    with m.Case(op.opcode):
-                        m.d.comb += start_err.eq(0)
+        if is_alu:
+            with m.Elif(~f.reset):
+                m.d.comb += start_err.eq(ErrorCode.ALU_OP)
+                with m.Switch(f.alu_op):
+                    for op, _ in ops:
+                        with m.Case(op.opcode):
+                            m.d.comb += start_err.eq(0)
 
         # ---------------------------------------------------- the loop nest
         issuing = Signal()
-        phase = Signal.like(ii)
+        phase = Signal(range(ii_max + 1))
         u = Signal.like(uop_end)
         i_cnt, o_cnt = Signal.like(iter_in), Signal.like(iter_out)
-        cur = {k: Signal(wide + 1, name=f"{k}_cur") for k in factors}
-        base = {k: Signal(wide + 1, name=f"{k}_base") for k in factors}
+        cur = {k: Signal(wide + 1, name=f"{k}_cur") for k in kinds}
+        base = {k: Signal(wide + 1, name=f"{k}_base") for k in kinds}
         drain = Signal(range(lat_max + 1))
         killed = Signal()
         m.d.comb += self.busy.eq(issuing | (drain != 0))
@@ -127,38 +154,37 @@ class TensorPipeline(wiring.Component):
             m.d.sync += drain.eq(drain - 1)
 
         with m.If(self.start):
-            m.d.sync += [is_alu.eq(new_alu), reset.eq(new_reset), uop_begin.eq(g.uop_begin),
-                         uop_end.eq(g.uop_end), iter_out.eq(g.iter_out), iter_in.eq(g.iter_in),
-                         alu_op.eq(a.alu_op), use_imm.eq(a.use_imm), imm.eq(a.imm),
-                         factors["dst"][0].eq(g.dst_factor_out), factors["dst"][1].eq(g.dst_factor_in),
-                         u.eq(g.uop_begin), i_cnt.eq(0), o_cnt.eq(0), phase.eq(0), killed.eq(0),
+            m.d.sync += [reset.eq(f.reset), uop_begin.eq(f.uop_begin),
+                         uop_end.eq(f.uop_end), iter_out.eq(f.iter_out), iter_in.eq(f.iter_in),
+                         u.eq(f.uop_begin), i_cnt.eq(0), o_cnt.eq(0), phase.eq(0), killed.eq(0),
                          self.error.eq(start_err),
                          issuing.eq(~new_n_zero & (start_err == 0))]
-            with m.If(new_alu):
-                m.d.sync += [factors["src"][0].eq(a.src_factor_out),
-                             factors["src"][1].eq(a.src_factor_in),
-                             factors["wgt"][0].eq(0), factors["wgt"][1].eq(0)]
-            with m.Else():
-                m.d.sync += [factors["src"][0].eq(g.src_factor_out),
-                             factors["src"][1].eq(g.src_factor_in),
-                             factors["wgt"][0].eq(g.wgt_factor_out),
-                             factors["wgt"][1].eq(g.wgt_factor_in)]
-            m.d.sync += [cur[k].eq(0) for k in factors] + [base[k].eq(0) for k in factors]
-            # Issue interval and write latency of this instruction.
-            m.d.sync += [ii.eq(1), wlat.eq(GEMM_LATENCY)]
-            with m.If(new_alu & ~new_reset):
-                with m.Switch(a.alu_op):
-                    for op, _ in ops:
-                        with m.Case(op.opcode):
-                            t = op.timing
-                            m.d.sync += [ii.eq(Mux(a.use_imm, t.ii_imm, t.ii_tensor)),
-                                         wlat.eq(Mux(a.use_imm, t.write_latency(True),
-                                                     t.write_latency(False)))]
+            m.d.sync += [factors[k][0].eq(getattr(f, f"{k}_factor_out")) for k in kinds]
+            m.d.sync += [factors[k][1].eq(getattr(f, f"{k}_factor_in")) for k in kinds]
+            m.d.sync += [cur[k].eq(0) for k in kinds] + [base[k].eq(0) for k in kinds]
+        if is_alu:
+            alu_op = Signal.like(f.alu_op)
+            imm = Signal.like(f.imm)
+            with m.If(self.start):
+                m.d.sync += [alu_op.eq(f.alu_op), use_imm.eq(f.use_imm), imm.eq(f.imm)]
+                # Issue interval, write latency and reads of this instruction (a reset:
+                # one row per cycle written at GEMM_LATENCY, like a GEMM reset).
+                m.d.sync += [ii.eq(1), wlat.eq(GEMM_LATENCY), two_reads.eq(0)]
+                with m.If(~f.reset):
+                    with m.Switch(f.alu_op):
+                        for op, _ in ops:
+                            with m.Case(op.opcode):
+                                t = op.timing
+                                m.d.sync += [ii.eq(Mux(f.use_imm, t.ii_imm, t.ii_tensor)),
+                                             wlat.eq(Mux(f.use_imm, t.write_latency(True),
+                                                         t.write_latency(False))),
+                                             two_reads.eq(~f.use_imm & t.reads_dst)]
 
         issue = Signal()
-        m.d.comb += issue.eq(issuing & (phase == 0))
-        with m.If(issuing):
-            m.d.sync += phase.eq(Mux(phase + 1 == ii, 0, phase + 1))
+        m.d.comb += issue.eq(issuing & (phase == 0) if is_alu else issuing)
+        if is_alu:
+            with m.If(issuing):
+                m.d.sync += phase.eq(Mux(phase + 1 == ii, 0, phase + 1))
         with m.If(issue):
             last_u = u + 1 == uop_end
             last_i = i_cnt + 1 == iter_in
@@ -169,41 +195,45 @@ class TensorPipeline(wiring.Component):
                 m.d.sync += u.eq(uop_begin)
                 with m.If(~last_i):
                     m.d.sync += [i_cnt.eq(i_cnt + 1)]
-                    m.d.sync += [cur[k].eq(cur[k] + factors[k][1]) for k in factors]
+                    m.d.sync += [cur[k].eq(cur[k] + factors[k][1]) for k in kinds]
                 with m.Else():
                     m.d.sync += i_cnt.eq(0)
                     with m.If(~last_o):
                         m.d.sync += o_cnt.eq(o_cnt + 1)
-                        m.d.sync += [base[k].eq(base[k] + factors[k][0]) for k in factors]
-                        m.d.sync += [cur[k].eq(base[k] + factors[k][0]) for k in factors]
+                        m.d.sync += [base[k].eq(base[k] + factors[k][0]) for k in kinds]
+                        m.d.sync += [cur[k].eq(base[k] + factors[k][0]) for k in kinds]
                     with m.Else():
                         m.d.sync += [issuing.eq(0), drain.eq(wlat)]
 
         # ------------------------------------------------- stage 0 -> 1
         m.d.comb += [self.uop.addr.eq(u), self.uop.en.eq(1)]
         v1 = Signal()
-        cur1 = {k: Signal.like(cur[k], name=f"{k}_cur1") for k in cur}
-        m.d.sync += [v1.eq(issue)] + [cur1[k].eq(cur[k]) for k in cur]
+        cur1 = {k: Signal.like(cur[k], name=f"{k}_cur1") for k in kinds}
+        m.d.sync += [v1.eq(issue)] + [cur1[k].eq(cur[k]) for k in kinds]
 
         # ------------------------------------------------- stage 1: indices
         ul = uop_layout(c)
         uop = data.View(ul, self.uop.data[:ul.size])
-        idx = {k: Signal(wide + 2, name=f"{k}_idx") for k in cur}
-        m.d.comb += [idx["dst"].eq(uop.dst + cur1["dst"]), idx["src"].eq(uop.src + cur1["src"]),
-                     idx["wgt"].eq(uop.wgt + cur1["wgt"])]
-        tensor_alu = is_alu & ~reset & ~use_imm
-        src_depth = Mux(is_alu, c.acc_depth, c.inp_depth)
+        idx = {k: Signal(wide + 2, name=f"{k}_idx") for k in kinds}
+        m.d.comb += [idx[k].eq(getattr(uop, k) + cur1[k]) for k in kinds]
+        tensor = Signal()    # an ALU op with a tensor operand (src is an accumulator row)
+        if is_alu:
+            m.d.comb += tensor.eq(~reset & ~use_imm)
         bad = Signal()
-        m.d.comb += bad.eq((idx["dst"] >= c.acc_depth)
-                           | (~reset & (~is_alu | tensor_alu) & (idx["src"] >= src_depth))
-                           | (~reset & ~is_alu & (idx["wgt"] >= c.wgt_depth)))
+        if is_alu:
+            m.d.comb += bad.eq((idx["dst"] >= c.acc_depth) | (tensor & (idx["src"] >= c.acc_depth)))
+        else:
+            m.d.comb += bad.eq((idx["dst"] >= c.acc_depth)
+                               | (~reset & ((idx["src"] >= c.inp_depth)
+                                            | (idx["wgt"] >= c.wgt_depth))))
         with m.If(v1 & bad & ~killed):
             m.d.sync += [self.error.eq(ErrorCode.INDEX_BOUNDS), killed.eq(1), issuing.eq(0),
                          drain.eq(wlat)]
         ok1 = Signal()
         m.d.comb += ok1.eq(v1 & ~bad & ~killed)
-        m.d.comb += [self.inp.addr.eq(idx["src"]), self.inp.en.eq(1),
-                     self.wgt.addr.eq(idx["wgt"]), self.wgt.en.eq(1), self.acc_rd.en.eq(1)]
+        if not is_alu:
+            m.d.comb += [self.inp.addr.eq(idx["src"]), self.inp.en.eq(1),
+                         self.wgt.addr.eq(idx["wgt"]), self.wgt.en.eq(1)]
 
         # Valid bits and destination rows travel down a delay line; the write taps it.
         valid = [Signal(name=f"valid{s}") for s in range(lat_max + 1)]
@@ -216,13 +246,37 @@ class TensorPipeline(wiring.Component):
         with m.If(self.start):
             m.d.sync += [valid[s].eq(0) for s in range(2, lat_max + 1)]
 
-        # acc read port: dst at stage 1, except ALU tensor ops: src at 1, dst at 2.
-        m.d.comb += self.acc_rd.addr.eq(Mux(tensor_alu & ~v1, dst[2],
-                                            Mux(tensor_alu, idx["src"], idx["dst"])))
-
-        # ------------------------------------------------- stage 2: GEMM sum
+        # acc read port: dst at stage 1, except ALU tensor ops: src at 1 (and dst at 2 for
+        # ops that read it).
+        if is_alu:
+            m.d.comb += [self.acc_rd.addr.eq(Mux(two_reads & ~v1, dst[2],
+                                                 Mux(tensor, idx["src"], idx["dst"]))),
+                         self.acc_rd.en.eq(v1 | (two_reads & valid[2]))]
+        else:
+            m.d.comb += [self.acc_rd.addr.eq(idx["dst"]), self.acc_rd.en.eq(v1)]
         lane_w = c.acc_width
         acc_lanes = [self.acc_rd.data.word_select(j, lane_w).as_signed() for j in range(self.lanes)]
+
+        write = Signal()
+        row = Signal(c.acc_index_bits)
+        result = Signal(c.acc_entry_bytes * 8)
+        if is_alu:
+            self._alu(m, ops, acc_lanes, reset, use_imm, two_reads, imm, alu_op, result)
+            with m.Switch(wlat):
+                for s in range(GEMM_LATENCY, lat_max + 1):
+                    with m.Case(s):
+                        m.d.comb += [write.eq(valid[s]), row.eq(dst[s])]
+        else:
+            self._gemm(m, acc_lanes, reset, result)
+            m.d.comb += [write.eq(valid[GEMM_LATENCY]), row.eq(dst[GEMM_LATENCY])]
+        m.d.comb += [self.acc_wr.en.eq(write), self.acc_wr.addr.eq(row),
+                     self.acc_wr.data.eq(result)]
+        return m
+
+    def _gemm(self, m: Module, acc_lanes: list, reset: Signal, gemm_sum: Signal) -> None:
+        """Stage 2: the multiply-accumulate of every lane into ``gemm_sum`` (a register;
+        zero for a reset, as a synchronous reset of the register rather than a mux)."""
+        c = self.config
         x = [[self.inp.data.word_select(b * c.block_in + k, c.inp_width).as_signed()
               for k in range(c.block_in)] for b in range(c.batch)]
         w = [[self.wgt.data.word_select(o * c.block_in + k, c.wgt_width).as_signed()
@@ -242,14 +296,23 @@ class TensorPipeline(wiring.Component):
         for b in range(c.batch):
             for o in range(c.block_out):
                 dot = _tree_sum([products[o, k, b] for k in range(c.block_in)])
-                sums.append((acc_lanes[b * c.block_out + o] + dot)[:lane_w])
-        gemm_sum = Signal(c.acc_entry_bytes * 8)
-        m.d.sync += gemm_sum.eq(Cat(*sums))
+                sums.append((acc_lanes[b * c.block_out + o] + dot)[:c.acc_width])
+        m.d.sync += gemm_sum.eq(Mux(reset, 0, Cat(*sums)))
 
-        # ------------------------------------------------- ALU
+    def _alu(self, m: Module, ops, acc_lanes: list, reset, use_imm, two_reads, imm, alu_op,
+             alu_result: Signal) -> None:
+        """The ALU ops' hooks on every lane; the selected op's result goes to ``alu_result``
+        (the output register; zero for a reset). The accumulator lane ``a`` is the row read
+        last cycle; the operand ``b`` is the immediate, or the ``src`` row: read two cycles
+        ago (``b_reg``) by ops that also read ``dst``, last cycle by ops that ignore it.
+        ``two_reads`` tells which, so one operand mux serves every op (per immediate
+        decoder)."""
+        lane_w = self.config.acc_width
         b_reg = [Signal(signed(lane_w), name=f"b{j}") for j in range(self.lanes)]
         m.d.sync += [b_reg[j].eq(acc_lanes[j]) for j in range(self.lanes)]
-        alu_result = Signal(c.acc_entry_bytes * 8)
+        b_row = [Signal(signed(lane_w), name=f"b_row{j}") for j in range(self.lanes)]
+        m.d.comb += [b_row[j].eq(Mux(two_reads, b_reg[j], acc_lanes[j]))
+                     for j in range(self.lanes)]
         op_results = {}
         for op, hw in ops:
             operand = hw.operand_of_imm(imm, len(imm))
@@ -257,24 +320,15 @@ class TensorPipeline(wiring.Component):
             for j in range(self.lanes):
                 a_in = Signal(signed(lane_w), name=f"{op.name.lower()}_a{j}")
                 b_in = Signal(signed(lane_w), name=f"{op.name.lower()}_b{j}")
-                m.d.comb += [a_in.eq(acc_lanes[j]), b_in.eq(Mux(use_imm, operand, b_reg[j]))]
+                m.d.comb += [a_in.eq(acc_lanes[j]), b_in.eq(Mux(use_imm, operand, b_row[j]))]
                 lanes_out.append(hw.build(m, a_in, b_in)[:lane_w])
             op_results[op.opcode] = Cat(*lanes_out)
         with m.Switch(alu_op):
             for code, value in op_results.items():
                 with m.Case(code):
                     m.d.sync += alu_result.eq(value)
-
-        # ------------------------------------------------- the write
-        write = Signal()
-        row = Signal(c.acc_index_bits)
-        with m.Switch(wlat):
-            for s in range(GEMM_LATENCY, lat_max + 1):
-                with m.Case(s):
-                    m.d.comb += [write.eq(valid[s]), row.eq(dst[s])]
-        m.d.comb += [self.acc_wr.en.eq(write), self.acc_wr.addr.eq(row),
-                     self.acc_wr.data.eq(Mux(reset, 0, Mux(is_alu, alu_result, gemm_sum)))]
-        return m
+        with m.If(reset):
+            m.d.sync += alu_result.eq(0)
 
 
 #: Two int8 products per multiplier (one DSP48 each on Xilinx parts): see _paired_products.

@@ -158,20 +158,26 @@ class Datapath:
         self.acc[rows] = values
         self.out[rows] = saturate(values, self.config.out_width)
 
-    def gemm(self, insn: Gemm, index: int) -> None:
+    def _banks(self, *rows: np.ndarray) -> frozenset[int]:
+        """The accumulator banks ``rows`` fall in."""
+        return frozenset(int(b) for r in rows for b in np.unique(r // self.config.acc_bank_rows))
+
+    def gemm(self, insn: Gemm, index: int) -> frozenset[int]:
+        """Run a GEMM; returns the accumulator banks it touched."""
         dst, src, wgt = self._loop_indices(insn, index, with_wgt=True)
         c = self.config
         self._check_indices(insn, index, "accumulator (dst)", dst, c.acc_depth)
+        banks = self._banks(dst)
         if insn.reset:
             self.gemm_resets += dst.size
             self._write_acc(dst, 0)
-            return
+            return banks
         self._check_indices(insn, index, "input (src)", src, c.inp_depth)
         self._check_indices(insn, index, "weight", wgt, c.wgt_depth)
         self._check_hazard(insn, index, dst, dst, gemm_hazard_distance(), "GEMM")
         self.gemm_ops += dst.size
         if dst.size == 0:
-            return
+            return banks
         # Products of 8/16-bit values summed over block_in fit int64 exactly; the
         # accumulator then wraps to int32 as the hardware adder does.
         prod = np.matmul(self.inp[src].astype(np.int64), self.wgt[wgt].astype(np.int64).transpose(0, 2, 1))
@@ -179,19 +185,25 @@ class Datapath:
         sums = np.zeros((rows.size,) + prod.shape[1:], dtype=np.int64)
         np.add.at(sums, inverse, prod)
         self._write_acc(rows, wrap(self.acc[rows].astype(np.int64) + sums, c.acc_width))
+        return banks
 
-    def alu(self, insn: Alu, index: int) -> None:
+    def alu(self, insn: Alu, index: int) -> frozenset[int]:
+        """Run an ALU instruction; returns the accumulator banks it touched."""
         dst, src, _ = self._loop_indices(insn, index, with_wgt=False)
         c = self.config
         self._check_indices(insn, index, "accumulator (dst)", dst, c.acc_depth)
         if insn.reset:
             self._write_acc(dst, 0)
-            return
+            return self._banks(dst)
         op = ALU_OPS.get(insn.alu_op)
         distance = op.timing.hazard_distance(insn.use_imm)
-        prev = self._check_hazard(insn, index, dst, dst, distance, f"ALU {op.name}")
+        prev = np.full(dst.size, -1, dtype=np.int64)
+        if op.timing.reads_dst:
+            prev = self._check_hazard(insn, index, dst, dst, distance, f"ALU {op.name}")
+        banks = self._banks(dst)
         if not insn.use_imm:
             self._check_indices(insn, index, "accumulator (src)", src, c.acc_depth)
+            banks |= self._banks(src)
             prev = np.maximum(prev, self._check_hazard(insn, index, dst, src, distance,
                                                        f"ALU {op.name} operand"))
             operand: Callable[[slice], np.ndarray] = lambda s: self.acc[src[s]]
@@ -207,6 +219,7 @@ class Datapath:
                 self._alu_batch(op, dst, operand, slice(start, int(j)))
                 start = int(j)
         self._alu_batch(op, dst, operand, slice(start, dst.size))
+        return banks
 
     def _alu_batch(self, op, dst: np.ndarray, operand, s: slice) -> None:
         if s.stop > s.start:

@@ -16,7 +16,7 @@ import numpy as np
 
 from tessera import timing
 from tessera.config import MODULES, HwConfig
-from tessera.errors import DeadlockError, MissingFinishError, ProgramError
+from tessera.errors import DeadlockError, HazardError, MissingFinishError, ProgramError
 from tessera.isa import (INSN_BYTES, Alu, Finish, Gemm, Instruction, Load, Program, Store,
                          check_instruction, get_isa, module_of)
 
@@ -27,6 +27,17 @@ from .stats import ModuleStats, SimStats, TraceEvent, write_chrome_trace
 
 #: Each module's previous and next module (the token-queue neighbours).
 NEIGHBOURS = {"load": (None, "compute"), "compute": ("load", "store"), "store": ("compute", None)}
+
+
+@dataclass
+class _Running:
+    """An instruction between its start and its last push."""
+
+    index: int
+    insn: Instruction
+    pushes: list[BoundedQueue]
+    done: Event
+    banks: frozenset[int] = frozenset()
 
 
 @dataclass
@@ -100,7 +111,8 @@ class _Run:
                        for a, b in (("load", "compute"), ("compute", "load"),
                                     ("compute", "store"), ("store", "compute"))}
         self.state = {m: "not started" for m in MODULES}
-        self.running: dict[str, int | None] = {m: None for m in MODULES}
+        self.running: dict[str, dict[int, Instruction]] = {m: {} for m in MODULES}
+        self._busy_until: dict[str, int] = {}
         self.finished = Event(self.kernel)
 
     # ------------------------------------------------------------ driver
@@ -134,8 +146,8 @@ class _Run:
 
     def _check_nothing_pending(self) -> None:
         index = self.finished.value
-        pending = [f"{m} is still running instruction {i}" for m, i in self.running.items()
-                   if i is not None]
+        pending = [f"{m} is still running instruction {i}" for m, r in self.running.items()
+                   for i in r]
         pending += [f"{len(q)} instruction(s) wait in the {m} command queue"
                     for m, q in self.cmd.items() if len(q)]
         if self.state["fetch"] != "done":
@@ -184,12 +196,28 @@ class _Run:
         return pops, pushes
 
     def _module(self, module: str) -> Iterator[Event]:
+        """Issue ``module``'s commands in order, at most one per cycle.
+
+        Load and store run one instruction at a time. Compute has two units
+        (``tessera.timing.COMPUTE_UNITS``): an instruction waits only for the
+        units ``units_awaited`` names, so a GEMM or ALU marked ``overlap`` may
+        run beside the other unit's instruction.
+        """
         k, st, q = self.kernel, self.stats.modules[module], self.cmd[module]
+        running: dict[str, _Running] = {}   # unit -> the instruction occupying it
+        last_start = -1
         while True:
             self.state[module] = "waiting for a command"
             yield from q.wait_ready()
-            index, insn = q.get()
-            self.running[module] = index
+            index, insn = q.items[0][1]   # the command leaves the queue when it starts
+            awaited, taken = (timing.units_awaited(insn), timing.units_taken(insn)) \
+                if module == "compute" else (("main",), ("main",))
+            for unit in awaited:
+                while unit in running:
+                    other = running[unit]
+                    self.state[module] = (f"instruction {index} ({insn.label}) waits for "
+                                          f"instruction {other.index} on the {unit} unit")
+                    yield other.done
             pops, pushes = self._token_queues(module, insn)
             t0 = k.now
             while not all(tq.ready() for tq in pops):
@@ -197,42 +225,85 @@ class _Run:
                 self.state[module] = (f"instruction {index} ({insn.label}) waits for a token "
                                       f"on the {waiting.name} (empty)")
                 yield waiting.changed()
+            st.wait_token += k.now - t0
+            if k.now <= last_start:
+                yield k.timeout(last_start + 1 - k.now)
+            q.get()
             for tq in pops:
                 tq.get()
-            st.wait_token += k.now - t0
-            start = k.now
-            self.state[module] = f"executing instruction {index} ({insn.label})"
-            yield from self._execute(module, insn, index, st)
-            end = k.now
-            for tq in pushes:
-                self.state[module] = (f"instruction {index} ({insn.label}) waits to push a token "
-                                      f"into the full {tq.name} ({len(tq)}/{tq.capacity})")
-                yield from tq.wait_space()
-                tq.put(index)
-            st.wait_queue += k.now - end
-            st.instructions += 1
-            self.running[module] = None
-            if self.trace is not None:
-                self.trace.append(TraceEvent(module, insn.label, index, start, end))
+            last_start = k.now
+            run = _Running(index, insn, pushes, Event(k))
+            banks = self._start(module, insn, index)
+            self._check_overlap(run, banks, [r for u, r in running.items() if u not in taken])
+            run.banks = banks
+            for unit in taken:
+                running[unit] = run
+            self.running[module][index] = insn
+            k.process(self._finish(module, run, st, running))
             if isinstance(insn, Finish):
-                self.finished.succeed(index)
+                yield run.done
                 return
 
-    def _execute(self, module: str, insn: Instruction, index: int, st: ModuleStats) -> Iterator[Event]:
+    def _start(self, module: str, insn: Instruction, index: int) -> frozenset[int]:
+        """Apply a compute instruction's data effect (at its start); its accumulator banks."""
+        if isinstance(insn, Gemm):
+            return self.data.gemm(insn, index)
+        if isinstance(insn, Alu):
+            return self.data.alu(insn, index)
+        return frozenset()
+
+    def _check_overlap(self, run: "_Running", banks: frozenset[int],
+                       others: list["_Running"]) -> None:
+        """An instruction starting beside another unit's must not share a bank or a push queue."""
+        for other in others:
+            shared = banks & other.banks
+            queues = {q.name for q in run.pushes} & {q.name for q in other.pushes}
+            if shared or queues:
+                what = (f"accumulator bank {min(shared)} (rows of a bank go through one "
+                        "port per cycle)" if shared else f"pushes into the {min(queues)}")
+                raise HazardError(
+                    f"{run.insn.label} starts (overlap) while instruction {other.index} "
+                    f"({other.insn.label}) still runs on the other compute unit, and both use "
+                    f"{what}: give them different banks and queues, or clear overlap",
+                    index=run.index, where=run.insn.label)
+
+    def _finish(self, module: str, run: "_Running", st: ModuleStats,
+                running: dict[str, "_Running"]) -> Iterator[Event]:
+        """Execute ``run`` for its duration, push its tokens, free its units."""
         k = self.kernel
+        start = k.now
+        insn, index = run.insn, run.index
+        self.state[module] = f"executing instruction {index} ({insn.label})"
         if isinstance(insn, (Load, Store)):
             yield from self._dma(module, insn, index, st)
-            return
-        if isinstance(insn, Gemm):
-            self.data.gemm(insn, index)
-            cycles = timing.gemm_cycles(insn)
-        elif isinstance(insn, Alu):
-            self.data.alu(insn, index)
-            cycles = timing.alu_cycles(insn)
         else:
-            cycles = timing.finish_cycles()
-        yield k.timeout(cycles)
-        st.busy += cycles
+            cycles = (timing.gemm_cycles(insn) if isinstance(insn, Gemm) else
+                      timing.alu_cycles(insn) if isinstance(insn, Alu) else
+                      timing.finish_cycles())
+            unit = timing.compute_unit(insn)
+            if unit:
+                self.stats.unit_busy[unit] = self.stats.unit_busy.get(unit, 0) + cycles
+            # the module is busy while any of its units is
+            st.busy += max(0, start + cycles - max(start, self._busy_until.get(module, 0)))
+            self._busy_until[module] = max(self._busy_until.get(module, 0), start + cycles)
+            yield k.timeout(cycles)
+        end = k.now
+        for tq in run.pushes:
+            self.state[module] = (f"instruction {index} ({insn.label}) waits to push a token "
+                                  f"into the full {tq.name} ({len(tq)}/{tq.capacity})")
+            yield from tq.wait_space()
+            tq.put(index)
+        st.wait_queue += k.now - end
+        st.instructions += 1
+        del self.running[module][index]
+        for unit in [u for u, r in running.items() if r is run]:
+            del running[unit]
+        if self.trace is not None:
+            unit = (timing.compute_unit(insn) or "") if module == "compute" else ""
+            self.trace.append(TraceEvent(module, insn.label, index, start, end, unit))
+        if isinstance(insn, Finish):
+            self.finished.succeed(index)
+        run.done.succeed()
 
     def _dma(self, module: str, insn: Load | Store, index: int, st: ModuleStats) -> Iterator[Event]:
         k, cfg = self.kernel, self.config

@@ -30,6 +30,12 @@ class TraceEvent:
     index: int
     start: int
     end: int
+    #: The compute unit ("gemm", "alu") of a GEMM or ALU instruction, else "".
+    unit: str = ""
+
+    @property
+    def track(self) -> str:
+        return f"{self.module}.{self.unit}" if self.unit else self.module
 
 
 @dataclass
@@ -45,6 +51,9 @@ class SimStats:
     gemm_resets: int = 0
     alu_ops: int = 0
     leftover_tokens: dict[str, int] = field(default_factory=dict)
+    #: Cycles each compute unit ("gemm", "alu") ran an instruction; with ``overlap``
+    #: they add up to more than the compute module's busy cycles.
+    unit_busy: dict[str, int] = field(default_factory=dict)
     #: Whether concurrent DRAM transfers ever had to share bandwidth (then the
     #: RTL's per-beat arbitration may differ from the simulator by a few cycles).
     dram_contended: bool = False
@@ -70,6 +79,7 @@ class SimStats:
             "modules": {m: dict(asdict(s), idle=s.idle(self.cycles)) for m, s in self.modules.items()},
             "dram_read_bytes": self.dram_read_bytes, "dram_write_bytes": self.dram_write_bytes,
             "leftover_tokens": self.leftover_tokens, "dram_contended": self.dram_contended,
+            "unit_busy": self.unit_busy,
         }
 
     def table(self) -> str:
@@ -81,6 +91,8 @@ class SimStats:
             f"utilisation {100 * self.gemm_utilisation:.1f}%  "
             f"({2 * self.macs / self.seconds / 1e9 if self.cycles else 0:.2f} of {c.peak_gops:.1f} GOPS)",
             f"ALU ops           {self.alu_ops:,}",
+            "compute units     " + (", ".join(f"{u} busy {c:,}" for u, c in self.unit_busy.items())
+                                    or "-"),
             "",
             f"{'module':<9}{'insns':>7}{'busy':>11}{'wait token':>12}{'wait DRAM':>11}"
             f"{'wait queue':>12}{'idle':>11}",
@@ -99,12 +111,13 @@ class SimStats:
 def chrome_trace(events: list[TraceEvent], config: HwConfig) -> dict[str, Any]:
     """Events as Chrome/Perfetto trace JSON (timestamps in microseconds at the config clock)."""
     us = 1.0 / config.clock_mhz
-    tids = {m: i for i, m in enumerate(MODULES)}
+    tracks = list(MODULES) + sorted({e.track for e in events} - set(MODULES))
+    tids = {m: i for i, m in enumerate(tracks)}
     out: list[dict[str, Any]] = [
         {"name": "thread_name", "ph": "M", "pid": 0, "tid": tid, "args": {"name": m}}
         for m, tid in tids.items()]
     for e in events:
-        out.append({"name": e.name, "ph": "X", "pid": 0, "tid": tids[e.module],
+        out.append({"name": e.name, "ph": "X", "pid": 0, "tid": tids[e.track],
                     "ts": e.start * us, "dur": (e.end - e.start) * us,
                     "args": {"index": e.index, "start_cycle": e.start, "end_cycle": e.end}})
     return {"traceEvents": out, "displayTimeUnit": "ns",

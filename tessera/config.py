@@ -30,6 +30,13 @@ def _clog2(n: int) -> int:
     return max(1, math.ceil(math.log2(n))) if n > 1 else 1
 
 
+
+#: The accumulator (and the output buffer that mirrors it) is split into this
+#: many equal banks by row: rows [0, acc_depth/2) and [acc_depth/2, acc_depth).
+#: The GEMM core and the tensor ALU can run at once on different banks
+#: (docs/timing.md, "Compute units").
+ACC_BANKS = 2
+
 @dataclass(frozen=True)
 class HwConfig:
     """A complete accelerator configuration (immutable, hashable, JSON-able).
@@ -59,7 +66,7 @@ class HwConfig:
     cmd_queue_depth: int = 512
     token_queue_depth: int = 1024
     # Width of the GEMM/ALU loop-count fields (max loop extent is 2**loop_bits - 1).
-    loop_bits: int = 14
+    loop_bits: int = 13
     # DRAM system.
     bus_bytes: int = 8
     dram_ports: int = 4
@@ -92,6 +99,9 @@ class HwConfig:
         for name, allowed in _SUPPORTED_WIDTHS.items():
             if getattr(self, name) not in allowed:
                 fail(f"{name} must be one of {allowed}, not {getattr(self, name)}")
+        if self.acc_depth < ACC_BANKS:
+            fail(f"acc_depth must be at least {ACC_BANKS} (the accumulator has {ACC_BANKS} "
+                 f"banks), not {self.acc_depth}")
         if self.out_depth != self.acc_depth:
             fail(f"out_depth must equal acc_depth ({self.acc_depth}), not {self.out_depth}: "
                  "the output buffer mirrors the accumulator rows")
@@ -154,6 +164,11 @@ class HwConfig:
     @property
     def acc_index_bits(self) -> int:
         return _clog2(self.acc_depth)
+
+    @property
+    def acc_bank_rows(self) -> int:
+        """Rows per accumulator bank (``acc_depth / ACC_BANKS``); bank = row // this."""
+        return self.acc_depth // ACC_BANKS
 
     @property
     def peak_macs_per_cycle(self) -> int:
@@ -228,7 +243,10 @@ class HwConfig:
 PRESETS: dict[str, HwConfig] = {
     # PYNQ-Z1/Z2 (xc7z020): VTA's PYNQ buffer sizes; one 64-bit HP port per
     # module; the DDR3 gives about 2.1 GB/s shared, i.e. 21 bytes per cycle.
-    "pynq": HwConfig(),
+    # Command queues 64 deep, not VTA's 512: three 512 x 160-bit FIFOs took
+    # 4.8k LUTs as distributed RAM, and no compiled ResNet-18 layer runs
+    # faster with deeper queues (tokens bound how far a module runs ahead).
+    "pynq": HwConfig(cmd_queue_depth=64),
     # Small enough for fast RTL unit tests.
     "tiny": HwConfig(
         name="tiny", batch=1, block_in=4, block_out=4,

@@ -104,3 +104,16 @@ class VerificationError(CompileError):
     def __init__(self, message: str, *, index: int | None = None) -> None:
         self.index = index
         super().__init__(f"{message} (instruction {index})" if index is not None else message)
+
+
+class HardwareToolError(TesseraError):
+    """A hardware tool (Verilator, yosys) is missing, failed or did not finish in time."""
+
+
+class SynthesisError(HardwareToolError):
+    """yosys is missing, failed, or did not finish in time (``tessera hw resources``)."""
+
+
+class RtlSimError(HardwareToolError):
+    """The RTL simulation cannot be built or run (missing tools, bad Verilog, a hung bus)."""
+

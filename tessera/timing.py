@@ -12,7 +12,7 @@ import numpy as np
 
 from .config import HwConfig
 from .isa.encoding import INSN_BYTES, get_isa
-from .isa.instructions import Alu, Gemm, Load, _MemInsn
+from .isa.instructions import Alu, Gemm, Instruction, Load, _MemInsn
 from .isa.intrinsics import ALU_OPS
 
 #: Cycles a module spends decoding a LOAD/STORE and setting up its address generator.
@@ -28,6 +28,33 @@ FETCH_DISPATCH_CYCLES = 1
 CMD_QUEUE_LATENCY = 1
 #: A token pushed when an instruction completes at cycle t can be popped at t + TOKEN_LATENCY.
 TOKEN_LATENCY = 0
+
+
+#: The compute module's execution units. GEMM instructions run on the GEMM
+#: core, ALU instructions on the tensor ALU; LOAD uop/acc/acc8 and FINISH take
+#: the whole module. See docs/timing.md, "Compute units".
+COMPUTE_UNITS = ("gemm", "alu")
+
+
+def compute_unit(insn: Instruction) -> str | None:
+    """The unit a compute instruction runs on, or ``None`` for one that takes both."""
+    if isinstance(insn, Gemm):
+        return "gemm"
+    if isinstance(insn, Alu):
+        return "alu"
+    return None
+
+
+def units_awaited(insn: Instruction) -> tuple[str, ...]:
+    """The units whose earlier instructions must have ended before ``insn`` starts."""
+    unit = compute_unit(insn)
+    return (unit,) if unit is not None and insn.overlap else COMPUTE_UNITS
+
+
+def units_taken(insn: Instruction) -> tuple[str, ...]:
+    """The units ``insn`` occupies while it runs."""
+    unit = compute_unit(insn)
+    return (unit,) if unit is not None else COMPUTE_UNITS
 
 
 def pipeline_cycles(ops: int, ii: int, latency: int) -> int:

@@ -4,22 +4,27 @@ Two families, both drawn from one integer seed:
 
 * ``instructions``: a fully synchronised program (see :func:`tests.programs.single_shot`)
   of random LOADs (any memory type, strides, pads, unaligned rows), random
-  GEMM and ALU loop nests over random uops, and random STOREs;
+  GEMM and ALU loop nests (MOV included) over random uops, each nest in one
+  accumulator bank, and random STOREs;
 * ``pipeline``: the blocked GEMM kernel with random sizes, 1 or 2 virtual
-  threads and a random epilogue, whose modules overlap and contend for DRAM.
+  threads (the second one moved to the second accumulator bank) and a random
+  epilogue, whose modules overlap and contend for DRAM.
 
-Programs the simulator rejects (a hazard or a bound the random choice broke)
-are drawn again, so every returned program is valid.
+In both, GEMM and ALU instructions get ``overlap`` where that is safe
+(:func:`_add_overlaps`), so the compute units run side by side. Programs the
+simulator rejects (a hazard or a bound the random choice broke) are drawn
+again, so every returned program is valid.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from tessera.config import HwConfig
+from tessera.config import ACC_BANKS, HwConfig
 from tessera.errors import ProgramError
-from tessera.isa import ALU_OPS, Alu, Gemm, MemType, Program, Uop, get_isa
-from tessera.isa import requant
-from tessera.kernels.gemm import gemm_program
+from tessera.isa import ALU_OPS, Alu, Gemm, Instruction, MemType, Program, Store, Uop, get_isa
+from tessera.isa import module_of, requant
+from tessera.kernels.gemm import gemm_program, plan_gemm
+from tessera.timing import COMPUTE_UNITS, compute_unit, units_awaited
 from tessera.sim import SimResult, simulate
 
 from tests.programs import load, single_shot, store
@@ -49,11 +54,87 @@ def _pipeline(config: HwConfig, rng: np.random.Generator) -> Program:
     k = c.block_in * int(rng.integers(1, 9))
     a = rng.integers(-128, 128, (m, k), dtype=np.int8)
     b = rng.integers(-128, 128, (n, k), dtype=np.int8)
-    names = ["SHR", "MAX", "MIN", "ADD", "SUB", "MUL"]
+    names = ["SHR", "MAX", "MIN", "ADD", "SUB", "MUL", "MOV"]
     epilogue = [(str(rng.choice(names)), int(rng.integers(-4, 9)))
-                for _ in range(int(rng.integers(0, 3)))]
+                for _ in range(int(rng.integers(0, 4)))]
     epilogue = [(op, abs(imm) % 9 if op == "SHR" else imm) for op, imm in epilogue]
-    return gemm_program(c, a, b, epilogue=epilogue, threads=int(rng.integers(1, 3)))
+    threads = 2 if rng.random() < 0.75 else 1
+    plan = plan_gemm(c, m, n, k, threads, len(epilogue))
+    program = gemm_program(c, a, b, epilogue=epilogue, threads=threads, plan=plan)
+    if threads == 2:
+        _second_thread_to_bank_1(program, plan.tile_m * plan.tile_n)
+    _add_overlaps(program, rng, float(rng.uniform(0.3, 1.0)))
+    return program
+
+
+def _second_thread_to_bank_1(program: Program, tile_rows: int) -> None:
+    """Move the second virtual thread's accumulator rows (from ``tile_rows``) to the first
+    row of accumulator bank 1, so that its instructions can overlap the first thread's."""
+    c, isa = program.config, program.isa
+    shift = c.acc_bank_rows - tile_rows
+    seg = program.segment("uops")
+    uops = [u if u.dst < tile_rows else Uop(u.dst + shift, u.src, u.wgt)
+            for u in _uops_of(program)]
+    seg.data[:] = isa.encode_uops(uops)
+    program.instructions = [
+        insn.replace(sram_base=insn.sram_base + shift)
+        if isinstance(insn, Store) and insn.sram_base >= tile_rows else insn
+        for insn in program.instructions]
+
+
+def _uops_of(program: Program) -> list[Uop]:
+    isa = program.isa
+    words = program.segment("uops").data.view(f"<u{isa.uop_bytes}")
+    return [isa.decode_uop(int(w)) for w in words]
+
+
+def _banks(config: HwConfig, insn: Gemm | Alu, uops: list[Uop]) -> set[int]:
+    """The accumulator banks a GEMM or ALU touches: its dst rows, and an ALU's tensor operand."""
+    rows = set()
+    for o in range(insn.iter_out):
+        for i in range(insn.iter_in):
+            for u in uops[insn.uop_begin:insn.uop_end]:
+                rows.add(u.dst + o * insn.dst_factor_out + i * insn.dst_factor_in)
+                if isinstance(insn, Alu) and not insn.reset and not insn.use_imm:
+                    rows.add(u.src + o * insn.src_factor_out + i * insn.src_factor_in)
+    return {r // config.acc_bank_rows for r in rows}
+
+
+def _add_overlaps(program: Program, rng: np.random.Generator, p: float) -> None:
+    """Set ``overlap`` on GEMM and ALU instructions with probability ``p`` where it is safe.
+
+    An overlapped instruction may run beside the instruction last started on the other
+    unit (unless an instruction that waits for both units came between). Beside it, it
+    must use other accumulator banks and push into other queues (else the simulator
+    raises HazardError), and its tokens must not release anything that depends on the
+    other instruction having ended: it pushes nothing to store (which could read the
+    other's rows), and to load only beside an ALU (a GEMM reads the inp/wgt that load
+    overwrites).
+    """
+    c = program.config
+    uops = _uops_of(program) if any(s.name == "uops" for s in program.segments) else []
+    last: dict[str, tuple[Instruction, set[int]] | None] = {u: None for u in COMPUTE_UNITS}
+    for index, insn in enumerate(program.instructions):
+        if module_of(insn) != "compute":
+            continue
+        unit = compute_unit(insn)
+        if unit is None:                      # LOAD, FINISH: they wait for and take both
+            last = {u: None for u in COMPUTE_UNITS}
+            continue
+        banks = _banks(c, insn, uops)
+        other_unit = next(u for u in COMPUTE_UNITS if u != unit)
+        other = last[other_unit]
+        safe = True
+        if other is not None:
+            o_insn, o_banks = other
+            safe = (not banks & o_banks and not insn.push_next
+                    and not (insn.push_prev and (o_insn.push_prev or isinstance(o_insn, Gemm))))
+        if safe and rng.random() < p:
+            insn = insn.replace(overlap=True)
+            program.instructions[index] = insn
+        if len(units_awaited(insn)) == len(COMPUTE_UNITS):
+            last[other_unit] = None           # it waited for the other unit to be free
+        last[unit] = (insn, banks)
 
 
 def _dma_fields(rng: np.random.Generator, depth: int, *, pads: bool) -> dict:
@@ -86,19 +167,30 @@ def _instructions(config: HwConfig, rng: np.random.Generator) -> Program:
         f = _dma_fields(rng, isa.depth(mem), pads=True)
         loads.append(load(mem.label, mem, int(rng.integers(0, 8)), **f))
 
-    n_uops = int(rng.integers(1, 5))
-    uops = [Uop(dst=int(rng.integers(0, c.acc_depth // 2)),
-                src=int(rng.integers(0, min(c.inp_depth, c.acc_depth) // 2)),
-                wgt=int(rng.integers(0, c.wgt_depth // 2))) for _ in range(n_uops)]
+    # One group of uops per accumulator bank: a nest over one group stays in its bank
+    # (rows within the first quarter of it, plus loop offsets below a quarter on the presets).
+    bank, quarter = c.acc_bank_rows, max(1, c.acc_bank_rows // 4)
+    per_bank = int(rng.integers(1, 4))
+    uops = [Uop(dst=b * bank + int(rng.integers(0, quarter)),
+                src=b * bank + int(rng.integers(0, quarter)),
+                wgt=int(rng.integers(0, c.wgt_depth // 2)))
+            for b in range(ACC_BANKS) for _ in range(per_bank)]
     compute = []
-    for _ in range(int(rng.integers(1, 5))):
+    bank_of_last = 0
+    for _ in range(int(rng.integers(1, 7))):
         kind = rng.random()
         if kind < 0.2:
             mem = MemType.ACC if rng.random() < 0.5 else MemType.ACC8
             f = _dma_fields(rng, c.acc_depth, pads=mem == MemType.ACC)
             compute.append(load(mem.label, mem, int(rng.integers(0, 8)), **f))
             continue
-        loop = dict(uop_begin=0, uop_end=n_uops, iter_out=int(rng.integers(1, 4)),
+        # Mostly the other bank than the last nest's: such neighbours may overlap.
+        bank_of_last = ((bank_of_last + 1) % ACC_BANKS if rng.random() < 0.75
+                        else int(rng.integers(0, ACC_BANKS)))
+        group = bank_of_last * per_bank
+        begin = group + int(rng.integers(0, per_bank))
+        loop = dict(uop_begin=begin, uop_end=int(rng.integers(begin + 1, group + per_bank + 1)),
+                    iter_out=int(rng.integers(1, 4)),
                     iter_in=int(rng.integers(1, 3)),
                     dst_factor_out=int(rng.integers(0, 9)), dst_factor_in=int(rng.integers(0, 5)),
                     src_factor_out=int(rng.integers(0, 5)), src_factor_in=int(rng.integers(0, 3)))
@@ -107,7 +199,7 @@ def _instructions(config: HwConfig, rng: np.random.Generator) -> Program:
                                 wgt_factor_in=int(rng.integers(0, 3)), **loop))
         else:
             op = ALU_OPS.by_name(str(rng.choice(["MIN", "MAX", "ADD", "SUB", "SHR", "MUL", "CLIP",
-                                                 "REQUANT"])))
+                                                 "REQUANT", "MOV"])))
             use_imm = bool(rng.random() < 0.5)
             field = isa.layouts[Alu.opcode].field("imm")
             imm = int(rng.integers(field.lo, field.hi + 1))
@@ -125,5 +217,7 @@ def _instructions(config: HwConfig, rng: np.random.Generator) -> Program:
     for _ in range(int(rng.integers(1, 3))):
         f = _dma_fields(rng, c.acc_depth, pads=False)
         stores.append(store("out", int(rng.integers(0, 4)), **f))
-    return single_shot(c, segments=segments, uops=uops, loads=loads, compute=compute,
-                       stores=stores)
+    program = single_shot(c, segments=segments, uops=uops, loads=loads, compute=compute,
+                          stores=stores)
+    _add_overlaps(program, rng, float(rng.uniform(0.3, 1.0)))
+    return program

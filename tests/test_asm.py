@@ -255,8 +255,8 @@ def _text(*lines: str, config=PYNQ) -> str:
                      r"push_prev, push_next\)"),
     ("LOAD.inp y_size=70000", r"y_size=70000 is out of range for LOAD: y_size must be in "
                               r"\[0, 65535\]"),
-    ("ALU.ADD imm=0x8000", r"imm=0x8000 is out of range for ALU: imm must be in "
-                           r"\[-32768, 32767\]"),
+    ("ALU.ADD imm=0x10000", r"imm=0x10000 is out of range for ALU: imm must be in "
+                            r"\[-65536, 65535\]"),
     ("GEMM uop_begin=-1", r"uop_begin=-1 is out of range .* \[0, 8191\]"),
     ("GEMM uop_end=16384", r"uop_end must be in \[0, 16383\]"),
     ("GEMM reset=2", r"reset=2 is out of range for GEMM: reset must be in \[0, 1\]"),

@@ -18,7 +18,8 @@ def test_demo_writes_a_perfetto_trace(tmp_path, capsys):
     assert main(["demo", "--config", "tiny", "--size", "16", "--trace", str(trace)]) == 0
     events = json.loads(trace.read_text())["traceEvents"]
     names = {e["args"]["name"] for e in events if e["ph"] == "M"}
-    assert names == {"fetch", "load", "compute", "store"}
+    # GEMM and ALU instructions get a track per compute unit
+    assert names == {"fetch", "load", "compute", "store", "compute.gemm", "compute.alu"}
     spans = [e for e in events if e["ph"] == "X"]
     assert spans and all(e["dur"] > 0 for e in spans)
     assert any(e["name"] == "FINISH" for e in spans)
@@ -28,7 +29,7 @@ def test_isa_table(capsys):
     assert main(["isa", "--config", "pynq"]) == 0
     out = capsys.readouterr().out
     assert "x_pad_1            118:115      4  [0, 15]" in out
-    assert "imm                127:112     16  [-32768, 32767]" in out
+    assert "imm                127:111     17  [-65536, 65535]" in out
     assert "REQUANT=7" in out
 
 

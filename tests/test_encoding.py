@@ -32,7 +32,7 @@ def test_widths_follow_the_config():
         assert gemm.field("iter_out").width == c.loop_bits
         assert isa.uop_layout.field("wgt").width == c.wgt_index_bits
     # Narrow buffers leave room for a full 32-bit immediate; the pynq ALU word is full.
-    assert small.imm_bits == 32 and big.imm_bits == 16
+    assert small.imm_bits == 32 and big.imm_bits == 17
     assert big.layouts[Opcode.ALU].used_bits == INSN_BITS
 
 
@@ -53,8 +53,8 @@ def test_range_errors_name_field_and_instruction():
     with pytest.raises(EncodingError, match=r"x_pad_0 must be in \[0, 15\], not 17 "
                                             r"\(instruction 12, LOAD inp\)"):
         isa.encode(Load(mem=MemType.INP, x_pad_0=17), index=12)
-    with pytest.raises(EncodingError, match=r"imm must be in \[-32768, 32767\]"):
-        isa.encode(Alu(alu_op=0, use_imm=True, imm=40000))
+    with pytest.raises(EncodingError, match=r"imm must be in \[-65536, 65535\]"):
+        isa.encode(Alu(alu_op=0, use_imm=True, imm=70000))
     with pytest.raises(EncodingError, match=r"dst must be in \[0, 2047\].*uop"):
         isa.encode_uop(Uop(dst=2048))
 

@@ -23,7 +23,7 @@ from tests.programs import I32_MAX, I32_MIN, run_on_acc, sat8, wrap32
 
 TINY = PRESETS["tiny"]
 BUILTINS = [("MIN", 0), ("MAX", 1), ("ADD", 2), ("SUB", 3), ("SHR", 4), ("MUL", 5),
-            ("CLIP", 6), ("REQUANT", 7)]
+            ("CLIP", 6), ("REQUANT", 7), ("MOV", 8)]
 FEW = settings(max_examples=30, deadline=None)
 
 
@@ -58,7 +58,7 @@ def test_fresh_interpreter_registry_is_exactly_the_builtins():
             "print([(o.name, o.opcode) for o in ALU_OPS]); print(ALU_OPS.free_opcodes())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.splitlines()
-    assert out == [repr(BUILTINS), repr(list(range(8, 16)))]
+    assert out == [repr(BUILTINS), repr(list(range(9, 16)))]
 
 
 def test_unknown_name_lookup():

@@ -14,9 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from numpy.testing import assert_array_equal
 
+from tessera import timing
 from tessera.config import PRESETS
 from tessera.errors import EncodingError, HazardError
-from tessera.isa import Alu, Gemm, MemType, Uop, clip_imm, get_isa
+from tessera.isa import Alu, Finish, Gemm, Load, MemType, Program, Store, Uop, clip_imm, get_isa
 from tessera.isa import requant
 
 from tests import programs
@@ -38,7 +39,8 @@ def backend(request):
 CFG_IDS = [c.name for c in CONFIGS]
 
 #: The built-in ALU opcodes (the ISA's documented numbering).
-OP = {"MIN": 0, "MAX": 1, "ADD": 2, "SUB": 3, "SHR": 4, "MUL": 5, "CLIP": 6, "REQUANT": 7}
+OP = {"MIN": 0, "MAX": 1, "ADD": 2, "SUB": 3, "SHR": 4, "MUL": 5, "CLIP": 6, "REQUANT": 7,
+      "MOV": 8}
 
 FEW = settings(max_examples=30, deadline=None,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
@@ -869,15 +871,15 @@ def test_per_channel_scale_epilogue(cfg):
 
 
 # ====================================================== 8. immediate out of range
-@pytest.mark.parametrize("imm", [2**15, -(2**15) - 1, 10**6])
+@pytest.mark.parametrize("imm", [2**16, -(2**16) - 1, 10**6])
 def test_alu_immediate_out_of_range_pynq(imm):
     cfg = PYNQ
-    assert get_isa(cfg).imm_bits == 16
+    assert get_isa(cfg).imm_bits == 17
     insn = Alu(alu_op=OP["ADD"], use_imm=True, imm=imm, iter_out=1)
     with pytest.raises(EncodingError) as info:
         run_on_acc(cfg, np.zeros((1, 1, 16), np.int64), [insn], uops=[Uop()])
     msg = str(info.value)
-    assert "imm" in msg and "[-32768, 32767]" in msg and str(imm) in msg
+    assert "imm" in msg and "[-65536, 65535]" in msg and str(imm) in msg
     assert info.value.field == "imm"
 
 
@@ -885,3 +887,328 @@ def test_alu_immediate_out_of_range_tiny():
     insn = Alu(alu_op=OP["ADD"], use_imm=True, imm=2**31, iter_out=1)
     with pytest.raises(EncodingError, match=r"imm must be in \[-2147483648, 2147483647\]"):
         run_on_acc(TINY, np.zeros((1, 1, 4), np.int64), [insn], uops=[Uop()])
+
+
+# ============================================================== 9. MOV
+def imm_range(cfg):
+    bits = get_isa(cfg).imm_bits
+    return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=CFG_IDS)
+def test_alu_mov_tensor(cfg):
+    """MOV copies the operand row: acc[o] = acc[n + o]; the old dst value is ignored."""
+    rng = rng_for("mov-t", cfg.name)
+    n = 7
+    a, b = mixed_acc(cfg, rng, n), mixed_acc(cfg, rng, n)
+    final, out = run_alu_tensor(cfg, OP["MOV"], a, b)
+    assert_array_equal(final[:n], b)
+    assert_array_equal(final[n:], b)                 # operand rows untouched
+    assert_array_equal(out, sat8(final))
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=CFG_IDS)
+def test_alu_mov_immediate(cfg):
+    """MOV imm fills every lane of the dst rows with the sign-extended immediate."""
+    lo, hi = imm_range(cfg)
+    imms = [0, -1, 1, 12345 % hi, lo, hi]
+    rng = rng_for("mov-i", cfg.name)
+    n = 4
+    acc0 = mixed_acc(cfg, rng, n * len(imms))
+    uops = [Uop(dst=k * n) for k in range(len(imms))]
+    compute = [Alu(alu_op=OP["MOV"], use_imm=True, imm=v, uop_begin=k, uop_end=k + 1,
+                   iter_out=n, dst_factor_out=1) for k, v in enumerate(imms)]
+    _, final, out = run_on_acc(cfg, acc0, compute, uops=uops)
+    for k, v in enumerate(imms):
+        assert (final[k * n:(k + 1) * n] == v).all(), f"MOV imm={v}"
+    assert_array_equal(out, sat8(final))
+
+
+def test_alu_mov_tensor_runs_one_row_per_cycle():
+    """MOV's tensor form issues every cycle (it reads only src): n rows take n - 1 cycles
+    fewer than ADD's tensor form (every other cycle) and one fewer write-latency cycle."""
+    cfg = TINY
+    rng = rng_for("mov-ii")
+    n = 9
+    a, b = mixed_acc(cfg, rng, n), mixed_acc(cfg, rng, n)
+    cycles = {}
+    for name in ("MOV", "ADD"):
+        insn = Alu(alu_op=OP[name], uop_begin=0, uop_end=1, iter_out=n, dst_factor_out=1,
+                   src_factor_out=1)
+        res, _, _ = run_on_acc(cfg, np.concatenate([a, b]), [insn], uops=[Uop(dst=0, src=n)])
+        cycles[name] = res.stats.cycles
+    # docs/timing.md: ADD tensor: ii 2, writes at 3 + 1; MOV tensor: ii 1, writes at 3.
+    assert cycles["ADD"] - cycles["MOV"] == ((n - 1) * 2 + 4) - ((n - 1) * 1 + 3)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=CFG_IDS)
+def test_alu_mov_reads_row_written_three_ops_earlier(cfg):
+    """acc[o + 3] = acc[o]: each op copies the row written three ops before (distance 3)."""
+    rng = rng_for("mov-chain", cfg.name)
+    n = 10
+    acc0 = mixed_acc(cfg, rng, n + 3)
+    insn = Alu(alu_op=OP["MOV"], uop_begin=0, uop_end=1, iter_out=n, dst_factor_out=1,
+               src_factor_out=1)
+    _, final, out = run_on_acc(cfg, acc0, [insn], uops=[Uop(dst=3, src=0)])
+    expected = acc0.copy()
+    for o in range(n):
+        expected[o + 3] = expected[o]
+    assert_array_equal(final, expected)
+    assert_array_equal(final[3:], np.concatenate([acc0[:3]] * 4)[:n])   # acc0[0..2] repeated
+    assert_array_equal(out, sat8(final))
+
+
+def test_alu_mov_operand_hazard_raises():
+    """MOV's tensor form writes 3 cycles after issue at one op per cycle: distance 3."""
+    cfg = TINY
+    acc0 = np.ones((8, 1, 4), np.int64)
+    insn = Alu(alu_op=OP["MOV"], uop_begin=0, uop_end=1, iter_out=5, dst_factor_out=1,
+               src_factor_out=1)
+    with pytest.raises(HazardError, match="operand.*needs 3"):
+        run_on_acc(cfg, acc0, [insn], uops=[Uop(dst=2, src=0)])
+
+
+@pytest.mark.parametrize("use_imm", [False, True], ids=["tensor", "imm"])
+def test_alu_mov_repeated_dst_is_no_hazard(use_imm):
+    """MOV does not read dst: writing one row on consecutive ops is fine, the last wins."""
+    cfg = TINY
+    rng = rng_for("mov-dst", use_imm)
+    acc0 = mixed_acc(cfg, rng, 12)
+    insn = Alu(alu_op=OP["MOV"], use_imm=use_imm, imm=-77, uop_begin=0, uop_end=1, iter_out=4,
+               src_factor_out=1)
+    _, final, _ = run_on_acc(cfg, acc0, [insn], uops=[Uop(dst=1, src=5)])
+    expected = acc0.copy()
+    expected[1] = -77 if use_imm else acc0[8]
+    assert_array_equal(final, expected)
+
+
+# ====================================================== 10. compute units (overlap)
+def gemm_rows(inp, wgt0, rows):
+    """acc rows 0..rows-1 = inp[r] @ wgt0.T (a reset GEMM then one accumulate)."""
+    return inp[:rows].astype(np.int64) @ wgt0.astype(np.int64).T
+
+
+def unit_span(insns):
+    """Cycles from the first start to the last end of compute instructions that push no
+    tokens and wait for nothing else, by the rule of docs/timing.md ("Compute units"):
+    in order, at most one start per cycle, an overlapped GEMM/ALU waits for its own unit,
+    anything else for both; each takes its own formula's cycles."""
+    free = {"gemm": 0, "alu": 0}
+    start = -1
+    for insn in insns:
+        unit = "gemm" if isinstance(insn, Gemm) else "alu" if isinstance(insn, Alu) else None
+        awaited = [unit] if unit and insn.overlap else ["gemm", "alu"]
+        start = max([start + 1] + [free[u] for u in awaited])
+        cycles = timing.gemm_cycles(insn) if isinstance(insn, Gemm) else timing.alu_cycles(insn)
+        for u in ([unit] if unit else ["gemm", "alu"]):
+            free[u] = start + cycles
+    return max(free.values())
+
+
+def overlap_program(cfg, compute, rows, n, seed):
+    """inp/wgt loads, acc rows B..B+2n-1 (B: the first row of bank 1) loaded from ``extra``,
+    ``compute``, a barrier (an empty ALU without overlap: it waits for both units) that
+    releases the stores of rows 0..rows-1 and B..B+2n-1.
+
+    Uops: 0 = the GEMM's rows from 0; 1 = dst B, src B+n; 2 = dst B, src 0."""
+    rng = rng_for("ovl", cfg.name, seed)
+    bank = cfg.acc_bank_rows
+    assert rows <= bank and 2 * n <= bank
+    inp, wgt = inp_entries(cfg, rng, rows), wgt_entries(cfg, rng, 1)
+    extra = mixed_acc(cfg, rng, 2 * n)
+    uops = [Uop(dst=0, src=0, wgt=0), Uop(dst=bank, src=bank + n), Uop(dst=bank, src=0)]
+    prog = single_shot(
+        cfg, uops=uops,
+        segments={"inp": inp, "wgt": wgt, "extra": acc_entries(cfg, extra),
+                  "out0": out_bytes(cfg, rows), "out1": out_bytes(cfg, 2 * n)},
+        loads=[load("inp", MemType.INP, x_size=rows), load("wgt", MemType.WGT, x_size=1),
+               load("extra", MemType.ACC, sram_base=bank, x_size=2 * n)],
+        compute=[*compute, Alu(iter_out=0)],
+        stores=[store("out0", x_size=rows), store("out1", sram_base=bank, x_size=2 * n)])
+    return prog, inp, wgt, extra
+
+
+def gemm_on_bank0(rows, **flags):
+    return [Gemm(reset=True, iter_out=rows, dst_factor_out=1, **flags),
+            Gemm(iter_out=rows, dst_factor_out=1, src_factor_out=1, **flags)]
+
+
+def alus_on_bank1(n, overlap):
+    """ADD the operand rows (tensor), then relu (immediate), on rows B..B+n-1."""
+    row = dict(uop_begin=1, uop_end=2, iter_out=n, dst_factor_out=1, overlap=overlap)
+    return [Alu(alu_op=OP["ADD"], src_factor_out=1, **row),
+            Alu(alu_op=OP["MAX"], use_imm=True, imm=0, **row)]
+
+
+@pytest.mark.parametrize("n", [6, 24], ids=["gemm-longer", "alu-longer"])
+@pytest.mark.parametrize("cfg", CONFIGS, ids=CFG_IDS)
+def test_overlap_gemm_and_alu_on_different_banks(cfg, n):
+    """ALU instructions with overlap run on bank 1 beside the GEMM on bank 0: same results
+    as without overlap, faster by exactly what the unit rule predicts."""
+    rows = 40
+    cycles = {}
+    for overlap in (False, True):
+        compute = gemm_on_bank0(rows) + alus_on_bank1(n, overlap)
+        prog, inp, wgt, extra = overlap_program(cfg, compute, rows, n, seed=n)
+        res = run(prog)
+        cycles[overlap] = res.stats.cycles
+        expected_g = gemm_rows(inp, wgt[0], rows)
+        expected_a = np.maximum(wrap32(extra[:n] + extra[n:]), 0)
+        bank = cfg.acc_bank_rows
+        assert_array_equal(res.datapath.acc[:rows], expected_g)
+        assert_array_equal(res.datapath.acc[bank:bank + n], expected_a)
+        assert_array_equal(read_out(res, "out0", cfg, rows), sat8(expected_g))
+        assert_array_equal(read_out(res, "out1", cfg, 2 * n),
+                           sat8(np.concatenate([expected_a, extra[n:]])))
+    body = gemm_on_bank0(rows)[1:] + alus_on_bank1(n, True)   # the reset runs first either way
+    serial = sum(timing.gemm_cycles(i) if isinstance(i, Gemm) else timing.alu_cycles(i)
+                 for i in body)
+    g, a1, a2 = (timing.gemm_cycles(body[0]), timing.alu_cycles(body[1]),
+                 timing.alu_cycles(body[2]))
+    assert unit_span(body) == max(g, 1 + a1 + a2)     # the ALUs start the cycle after the GEMM
+    assert cycles[False] - cycles[True] == serial - max(g, 1 + a1 + a2) > 0
+
+
+def test_overlap_chain_alternates_units():
+    """G, A(ov), A(ov), G(ov), A(ov), G(ov), G(ov reset): each overlapped instruction runs
+    beside the other unit's, on the other bank; results as in program order."""
+    cfg = TINY
+    rows, n = 12, 8
+    bank = cfg.acc_bank_rows
+    row = dict(uop_begin=1, uop_end=2, iter_out=n, dst_factor_out=1, overlap=True)
+    chain = [*gemm_on_bank0(rows),                                          # rows 0.. = g
+             Alu(alu_op=OP["ADD"], src_factor_out=1, **row),                # B.. += B+n..
+             Alu(alu_op=OP["MOV"], use_imm=True, imm=-3, **dict(row, iter_out=2)),  # B, B+1 = -3
+             Gemm(iter_out=rows, dst_factor_out=1, src_factor_out=1, overlap=True),  # += g
+             Alu(alu_op=OP["MUL"], use_imm=True, imm=5, **row),              # B.. *= 5
+             Gemm(reset=True, iter_out=2, dst_factor_out=1, overlap=True),   # rows 0, 1 = 0
+             Alu(alu_op=OP["MOV"], src_factor_out=1, **dict(row, iter_out=2)),   # B, B+1 = B+n..
+             Alu(reset=True, **dict(row, iter_out=1))]                      # B = 0
+    results = {}
+    for overlap in (False, True):
+        insns = [i.replace(overlap=overlap) if i.overlap else i for i in chain]
+        prog, inp, wgt, extra = overlap_program(cfg, insns, rows, n, seed="chain")
+        results[overlap] = run(prog)
+    g = gemm_rows(inp, wgt[0], rows)
+    expected_g = wrap32(2 * g)
+    expected_g[:2] = 0
+    a = wrap32(extra[:n] + extra[n:])
+    a[:2] = -3
+    a = wrap32(a * 5)
+    a[:2] = extra[n:n + 2]
+    a[0] = 0
+    for res in results.values():
+        assert_array_equal(res.datapath.acc[:rows], expected_g)
+        assert_array_equal(res.datapath.acc[bank:bank + n], a)
+        assert_array_equal(read_out(res, "out0", cfg, rows), sat8(expected_g))
+    body = chain[1:]
+    saved = results[False].stats.cycles - results[True].stats.cycles
+    assert saved == sum(timing.gemm_cycles(i) if isinstance(i, Gemm) else timing.alu_cycles(i)
+                        for i in body) - unit_span(body) > 0
+
+
+def test_overlap_on_the_same_bank_raises():
+    """An ALU with overlap on the GEMM's bank (dst, or only its tensor operand) is refused."""
+    cfg = TINY
+    rows, n = 40, 4
+    bank = cfg.acc_bank_rows
+    same_dst = Alu(alu_op=OP["ADD"], use_imm=True, imm=1, uop_begin=0, uop_end=1, iter_out=n,
+                   dst_factor_out=1, overlap=True)                  # rows 0.., the GEMM's
+    prog, *_ = overlap_program(cfg, gemm_on_bank0(rows) + [same_dst], rows, n, seed="same")
+    with pytest.raises(HazardError, match="bank 0"):
+        run(prog)
+    # dst in bank 1 but the operand rows in bank 0
+    operand_in_bank0 = Alu(alu_op=OP["MOV"], uop_begin=2, uop_end=3, iter_out=n,
+                           dst_factor_out=1, src_factor_out=1, overlap=True)
+    prog, *_ = overlap_program(cfg, gemm_on_bank0(rows) + [operand_in_bank0], rows, n,
+                               seed="same")
+    with pytest.raises(HazardError, match="bank 0"):
+        run(prog)
+    # the same programs without overlap run
+    for alu in (same_dst, operand_in_bank0):
+        prog, *_ = overlap_program(cfg, gemm_on_bank0(rows) + [alu.replace(overlap=False)],
+                                   rows, n, seed="same")
+        run(prog)
+
+
+def test_overlap_pushing_into_the_same_queue_raises():
+    """Two instructions running at once must not push into the same token queue."""
+    cfg = TINY
+    rows, n = 40, 4
+    g_reset, g = gemm_on_bank0(rows)
+    alu = alus_on_bank1(n, True)[1]
+    prog, *_ = overlap_program(cfg, [g_reset, g.replace(push_next=True),
+                                     alu.replace(push_next=True)], rows, n, seed="queue")
+    with pytest.raises(HazardError, match="compute->store"):
+        run(prog)
+
+
+@pytest.mark.parametrize("skew", [-2, -1, 0, 1, 2])
+@pytest.mark.parametrize("cfg", [TINY, TINY_B2], ids=["tiny", "tiny-b2"])
+def test_overlapped_units_push_into_different_queues(cfg, skew):
+    """The GEMM pushes to load, the overlapped ALU beside it to store, ``skew`` cycles
+    after the GEMM's push (0: in the same cycle); each token releases its consumer."""
+    rows = 30
+    bank = cfg.acc_bank_rows
+    g_reset, g = gemm_on_bank0(rows)
+    g = g.replace(push_prev=True)
+    # The ALU starts one cycle after the GEMM: pick n so that it ends skew cycles later.
+    alu = lambda n: Alu(alu_op=OP["SUB"], use_imm=True, imm=9, uop_begin=1, uop_end=2,
+                        iter_out=n, dst_factor_out=1, overlap=True, push_next=True)
+    n = next(n for n in range(1, bank) if 1 + timing.alu_cycles(alu(n))
+             == timing.gemm_cycles(g) + skew)
+    rng = rng_for("queues", cfg.name, skew)
+    inp, wgt = inp_entries(cfg, rng, rows), wgt_entries(cfg, rng, 1)
+    extra = mixed_acc(cfg, rng, n)
+    p = Program(cfg)
+    p.add_uops("uops", [Uop(dst=0, src=0, wgt=0), Uop(dst=bank)])
+    for name, data in (("inp", inp), ("wgt", wgt), ("extra", acc_entries(cfg, extra)),
+                       ("out0", out_bytes(cfg, rows)), ("out1", out_bytes(cfg, n))):
+        p.add_segment(name, data)
+    dma = lambda name, mem, **f: dict(mem=mem, dram_base=p.elem_addr(name, mem),
+                                      y_size=1, x_stride=f["x_size"], **f)
+    p.emit(Load(**dma("inp", MemType.INP, x_size=rows)),
+           Load(**dma("wgt", MemType.WGT, x_size=1), push_next=True),
+           Load(**dma("uops", MemType.UOP, x_size=2), pop_prev=True),
+           Load(**dma("extra", MemType.ACC, x_size=n, sram_base=bank)),
+           g_reset, g, alu(n),
+           Load(mem=MemType.INP, x_size=0, pop_next=True, push_next=True),   # takes g's token
+           Store(**dma("out1", MemType.OUT, x_size=n, sram_base=bank), pop_prev=True),
+           Alu(iter_out=0, push_next=True),      # waits for both units: g has ended
+           Store(**dma("out0", MemType.OUT, x_size=rows), pop_prev=True, push_prev=True),
+           Finish(pop_prev=True, pop_next=True))
+    res = run(p)
+    expected_g = gemm_rows(inp, wgt[0], rows)
+    assert_array_equal(read_out(res, "out0", cfg, rows), sat8(expected_g))
+    assert_array_equal(read_out(res, "out1", cfg, n), sat8(wrap32(extra - 9)))
+
+
+def test_overlap_beside_a_push_blocked_on_a_full_queue():
+    """The ALU unit's instruction waits to push into the full compute->store queue (store
+    is busy with a long STORE): the GEMM unit keeps running overlapped instructions, the
+    next overlapped ALU waits for the push."""
+    cfg = TINY
+    depth, bank = cfg.token_queue_depth, cfg.acc_bank_rows
+    rows = 20
+    p = Program(cfg)
+    p.add_uops("uops", [Uop(dst=0), Uop(dst=bank)])
+    p.add_segment("big", out_bytes(cfg, 100))
+    p.add_segment("out", out_bytes(cfg, 2 * bank))
+    out = lambda name, **f: dict(mem=MemType.OUT, dram_base=p.elem_addr(name, MemType.OUT),
+                                 y_size=1, x_stride=f["x_size"], **f)
+    p.emit(Store(**out("big", x_size=100)),                       # long, pops nothing
+           Load(mem=MemType.UOP, dram_base=p.elem_addr("uops", MemType.UOP), y_size=1,
+                x_size=2, x_stride=2),
+           *[Alu(iter_out=0, overlap=True, push_next=True) for _ in range(depth + 1)],
+           Gemm(reset=True, iter_out=rows, dst_factor_out=1, overlap=True),
+           Alu(alu_op=OP["MOV"], use_imm=True, imm=-5, uop_begin=1, uop_end=2, iter_out=rows,
+               dst_factor_out=1, overlap=True),
+           Alu(iter_out=0, push_next=True),                        # both units done
+           *[Store(mem=MemType.OUT, x_size=0, pop_prev=True) for _ in range(depth + 1)],
+           Store(**out("out", x_size=2 * bank), pop_prev=True, push_prev=True),
+           Finish(pop_next=True))
+    res = run(p)
+    got = read_out(res, "out", cfg, 2 * bank)
+    assert (got[:rows] == 0).all() and (got[bank:bank + rows] == -5).all()
+    # the store module's long STORE kept the queue full: compute waited on it
+    assert res.stats.modules["compute"].wait_queue > 0

@@ -54,7 +54,7 @@ Instructions
     whose value is zero may be left out, and is left out by the formatter
     (even where the dataclass default is nonzero: ``y_size=1`` is written,
     ``x_pad_0=0`` is not). The 1-bit flags (``pop_prev``, ``pop_next``,
-    ``push_prev``, ``push_next``, ``reset``, ``use_imm``) are bare words
+    ``push_prev``, ``push_next``, ``reset``, ``overlap``, ``use_imm``) are bare words
     when set (``reset=1`` / ``reset=0`` is accepted as well); every other
     field is ``name=value``, decimal or ``0x`` hex, negative allowed where
     the field is signed (``imm``). The parser is case-insensitive, accepts

@@ -134,9 +134,16 @@ class _LoopInsn(Instruction):
                 for u in uops[uop_begin:uop_end]:
                     dst = u.dst + o * dst_factor_out + i * dst_factor_in
                     src = u.src + o * src_factor_out + i * src_factor_in
+
+    ``overlap`` lets the instruction start while the compute module's other
+    unit (the ALU for a GEMM, the GEMM core for an ALU) still runs an earlier
+    instruction; the program promises that the two use different accumulator
+    banks and push into different token queues (docs/timing.md, "Compute
+    units").
     """
 
     reset: bool = False
+    overlap: bool = False
     uop_begin: int = 0
     uop_end: int = 1
     iter_out: int = 1

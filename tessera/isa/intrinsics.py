@@ -38,20 +38,24 @@ class AluTiming:
     read through the same port). ``latency``: cycles from issuing a row
     operation with an immediate to writing its result; with a tensor operand
     the result is written one cycle later (:data:`TENSOR_OPERAND_CYCLES`), the
-    second read. A row read fewer than ``hazard_distance`` operations after a
-    write to it would see the old value.
+    second read. An op whose result does not depend on ``a`` (``reads_dst``
+    false, e.g. MOV) reads only the operand row: its tensor form is as fast as
+    the immediate form. A row read fewer than ``hazard_distance`` operations
+    after a write to it would see the old value.
     """
 
     ii_imm: int = 1
     ii_tensor: int = 2
     latency: int = 3
+    reads_dst: bool = True
 
     def ii(self, use_imm: bool) -> int:
         return self.ii_imm if use_imm else self.ii_tensor
 
     def write_latency(self, use_imm: bool) -> int:
         """Cycles from issue to the result's write, for the immediate or the tensor form."""
-        return self.latency if use_imm else self.latency + TENSOR_OPERAND_CYCLES
+        second_read = not use_imm and self.reads_dst
+        return self.latency + TENSOR_OPERAND_CYCLES if second_read else self.latency
 
     def hazard_distance(self, use_imm: bool) -> int:
         """Operations between a write and the first read that sees it: every operation
@@ -244,6 +248,10 @@ for _op in (
     Intrinsic("CLIP", 6, _clip, _FAST, imm_to_operand=_clip_imm_to_operand,
               doc="min(max(a, lo), hi); operand lane = lo | hi << 16 (see clip_operand), "
                   "immediate = lo | hi << imm_bits/2 (see clip_imm)"),
+    Intrinsic("MOV", 8, lambda a, b: b, AluTiming(ii_imm=1, ii_tensor=1, latency=3,
+                                                  reads_dst=False),
+              doc="b: copies the operand row (tensor form, one row per cycle: it reads only "
+                  "src) or fills with the immediate; initialises accumulators with a bias"),
     Intrinsic("REQUANT", 7, requant.requantize_packed, AluTiming(ii_imm=1, ii_tensor=2, latency=6),
               doc="onnxruntime's float32 requantization, bit-exact, without the zero point "
                   "and clamp (follow with ADD zp and CLIP); operand lane = M | shift << 24 "

@@ -2,42 +2,25 @@
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given, strategies as st
 
-from tessera.compiler import (AddConst, Bias, Clip, Requant, Shift, decompose_bias,
-                              plan_epilogue, requantize)
+from tessera.compiler import AddConst, Bias, Clip, Requant, Shift, plan_epilogue, requantize
 
-from .helpers import FEW, PYNQ, TINY
+from .helpers import PYNQ, TINY
 
 
-@FEW
-@given(st.lists(st.integers(-300000, 300000), min_size=1, max_size=20),
-       st.sampled_from([TINY, PYNQ]))
-def test_bias_decomposition_is_exact_or_refused(bias, config):
-    b = np.array(bias)
-    dec = decompose_bias(b, config)
-    xmax = 2 ** (config.inp_width - 1) - 1
-    limit = xmax * 128 * (config.block_in - 1) - xmax  # well inside the representable range
-    if np.abs(b).max() <= limit:
-        assert dec is not None
-    if dec is not None:
-        const, w = dec
-        assert np.all((const >= -128) & (const <= 127)) and np.all((w >= -128) & (w <= 127))
-        np.testing.assert_array_equal(w @ const, b)   # one GEMM operation gives the bias
-
-
-def _steps(stages, config=PYNQ, acc=(-(2**20), 2**20), gemm_bias=True):
+def _steps(stages, config=PYNQ, acc=(-(2**20), 2**20), init_bias=True):
     ep = plan_epilogue(tuple(stages), channels=4, config=config, acc_range=acc,
-                       gemm_bias=gemm_bias, where="test")
+                       init_bias=init_bias, where="test")
     return ep, [(s.op, s.imm, s.param is not None) for s in ep.steps]
 
 
 def test_requantize_relu_lowering_on_pynq():
     scale = np.full(4, 1e-3, np.float32)
     ep, steps = _steps(requantize(scale, relu=True, bias=np.arange(4)))
-    # Bias folds into the GEMM; REQUANT reads its per-channel row; ReLU is MAX 0 (the upper
-    # clamp 127 is the store's saturation).
-    assert ep.gemm_bias is not None
+    # The bias initialises the accumulator (MOV from a per-channel row); REQUANT reads its
+    # per-channel row; ReLU is MAX 0 (the upper clamp 127 is the store's saturation).
+    assert ep.init is not None and ep.init.op == "MOV" and ep.init.param is not None
+    np.testing.assert_array_equal(ep.params[ep.init.param], np.arange(4))
     assert steps == [("REQUANT", None, True), ("MAX", 0, False)]
 
 
@@ -68,6 +51,17 @@ def test_clamps_that_cannot_act_are_dropped():
     assert [s[0] for s in steps] == ["ADD", "SHR"]      # the store saturates to int8 anyway
 
 
-def test_large_bias_falls_back_to_alu_add():
-    ep, steps = _steps([Bias(np.full(4, 2**28))])
-    assert ep.gemm_bias is None and steps == [("ADD", None, True)]
+def test_any_int32_bias_initialises_the_accumulator():
+    ep, steps = _steps([Bias(np.array([2**31 - 1, -2**31, 5, 0]))])
+    assert ep.init is not None and ep.init.param is not None and steps == []
+    ep, steps = _steps([Bias(np.full(4, 7))])                # one value: the immediate
+    assert ep.init.imm == 7 and not ep.params
+
+
+def test_bias_without_accumulator_init_is_an_alu_add():
+    """Pooling and elementwise operators load their rows: a bias is an ADD (as is a bias
+    that is not the first stage)."""
+    ep, steps = _steps([Bias(np.arange(4))], init_bias=False)
+    assert ep.init is None and steps == [("ADD", None, True)]
+    ep, steps = _steps([Shift(2, rounding=False), Bias(np.arange(4))])
+    assert ep.init is None and [s[0] for s in steps] == ["SHR", "ADD"]

@@ -25,7 +25,8 @@ MODULE = {"pop_prev": -1, "pop_next": 1, "push_prev": -1, "push_next": 1}
 
 def _double_buffered_program():
     """conv (several tiles, two threads) -> conv -> max pool: on-chip and DRAM hazards,
-    carriers."""
+    carriers; both convolutions software-pipelined (epilogue and bias init on the ALU unit
+    beside the GEMMs, ``overlap``), so the tokens include those of the overlapped schedule."""
     rng = np.random.default_rng(4)
     w = rng.integers(-128, 128, (6, 5, 3, 3), dtype=np.int8)
     w2 = rng.integers(-128, 128, (5, 6, 1, 1), dtype=np.int8)
@@ -35,6 +36,8 @@ def _double_buffered_program():
            Pool2d("p", "u", "y", "max", 2, 2)]
     compiled = compile_ops(ops, {"x": (1, 5, 6, 7)}, TINY, threads=2)
     assert compiled.program.sync_stats.carriers > 0   # a DRAM dependency went through compute
+    assert compiled.plans["c"].pipelined and compiled.plans["c2"].pipelined
+    assert compiled.program.sync_stats.overlaps > 20
     return compiled
 
 

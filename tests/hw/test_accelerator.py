@@ -128,6 +128,48 @@ def test_hardware_stops_with_the_error_the_simulator_raises(case):
     assert (got, index) == (code, 0)
 
 
+def _overlapped_pair(failing: str) -> Program:
+    """LOAD uop, a reset GEMM on bank 0, an ALU with overlap on bank 1 beside it, FINISH;
+    ``failing`` says which of the two fails: the GEMM (its rows run past the accumulator
+    after 32 operations, long after the ALU started) or the ALU (an opcode nothing is
+    registered for, at its start)."""
+    bank = TINY.acc_bank_rows
+    p = Program(TINY)
+    p.add_uops("uops", [Uop(dst=0), Uop(dst=bank)])
+    rows = TINY.acc_depth // 4 + 8 if failing == "gemm" else 8     # rows 0, 4, 8, ...
+    gemm = Gemm(reset=True, uop_begin=0, uop_end=1, iter_out=rows, dst_factor_out=4)
+    op = ALU_OPS.free_opcodes()[0] if failing == "alu" else ALU_OPS.by_name("MOV").opcode
+    alu = Alu(alu_op=op, use_imm=True, imm=1, uop_begin=1, uop_end=2, iter_out=4,
+              dst_factor_out=1, overlap=True)
+    p.emit(Load(mem=MemType.UOP, dram_base=p.elem_addr("uops", MemType.UOP), y_size=1,
+                x_size=2, x_stride=2), gemm, alu, Finish())
+    return p
+
+
+@pytest.mark.parametrize("failing, code, sim_error, index", [
+    ("gemm", ErrorCode.INDEX_BOUNDS, BoundsError, 1),
+    ("alu", ErrorCode.ALU_OP, MalformedInstructionError, 2)])
+def test_error_index_names_the_failing_unit_s_instruction(failing, code, sim_error, index):
+    """With two compute units busy, ERROR_INDEX names the instruction that failed, not the
+    one started last."""
+    program = _overlapped_pair(failing)
+    with pytest.raises(sim_error) as info:
+        simulate(program)
+    assert info.value.index == index
+    status, got, got_index = _run_raw(program)
+    assert status & regmap.STATUS_ERROR and (got, got_index) == (code, index)
+
+
+def test_overlapped_pair_runs_without_error():
+    from tests.rtl import rtl_sim
+
+    program = _overlapped_pair("none")
+    sim = simulate(program)
+    status, got, _ = _run_raw(program)
+    assert got == ErrorCode.NONE and status == regmap.STATUS_DONE
+    assert rtl_sim(TINY).read_reg("CYCLES_LO") == sim.stats.cycles
+
+
 def test_hardware_refuses_a_reserved_opcode():
     word = 6   # opcode 6 is reserved
     with pytest.raises(MalformedInstructionError, match="opcode 6 is reserved"):

@@ -23,7 +23,7 @@ I32_MIN, I32_MAX = -(1 << 31), (1 << 31) - 1
 EDGES = [I32_MIN, I32_MIN + 1, -(1 << 24) - 1, -(1 << 24), -65536, -32768, -129, -128, -33, -32,
          -31, -1, 0, 1, 31, 32, 33, 127, 128, 32767, 65535, 1 << 24, (1 << 24) + 1,
          (1 << 25) - 1, I32_MAX - 1, I32_MAX]
-SIMPLE_OPS = ["MIN", "MAX", "ADD", "SUB", "SHR", "MUL", "CLIP"]
+SIMPLE_OPS = ["MIN", "MAX", "ADD", "SUB", "SHR", "MUL", "CLIP", "MOV"]
 # One simulation per example (a list of pairs): few examples, many pairs each.
 SIM = settings(max_examples=12, deadline=None,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -50,6 +50,7 @@ def test_every_builtin_has_hardware():
     assert hook_stages(ALU_OPS.by_name("MUL")) == 1
     assert hook_stages(ALU_OPS.by_name("REQUANT")) == 3
     assert hook_stages(ALU_OPS.by_name("ADD")) == 0
+    assert hook_stages(ALU_OPS.by_name("MOV")) == 0
 
 
 @pytest.mark.parametrize("name", SIMPLE_OPS)
@@ -279,5 +280,22 @@ def test_attach_is_idempotent_and_respects_user_redefinitions():
         ALU_OPS.register(dataclasses.replace(original, hardware=None), replace=True)
         attach_builtin_hardware()
         assert ALU_OPS.by_name("MIN").hardware is original.hardware
+    finally:
+        ALU_OPS.register(original, replace=True)
+
+
+def test_mov_hardware_only_for_the_builtin_semantics():
+    """MOV's built-in semantics is an unnamed lambda: a redefinition with another lambda
+    (same name, opcode and timing) gets no hardware; the built-in gets it back."""
+    original = ALU_OPS.by_name("MOV")
+    assert isinstance(hardware_of(original), AluHardware)
+    ALU_OPS.register(dataclasses.replace(original, semantics=lambda a, b: a, hardware=None),
+                     replace=True)
+    try:
+        attach_builtin_hardware()
+        assert ALU_OPS.by_name("MOV").hardware is None
+        ALU_OPS.register(dataclasses.replace(original, hardware=None), replace=True)
+        attach_builtin_hardware()
+        assert ALU_OPS.by_name("MOV").hardware is original.hardware
     finally:
         ALU_OPS.register(original, replace=True)
