@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 from tessera.config import HwConfig
-from tessera.errors import DeadlockError, ProgramError, TesseraError
+from tessera.errors import DeadlockError, ProgramError, RtlSimError
 from tessera.regmap import (CONTROL_START, CTRL_ADDR_BITS, REG, REGISTERS, STATUS_DONE,
                             STATUS_ERROR, STATUS_RUNNING, AxiPort, ErrorCode, axi_ports,
                             config_id)
@@ -63,10 +63,6 @@ _CHUNK = 1 << 20
 _HW_HINT = 'install the "hw" extra: pip install -e ".[hw]"'
 CHANNELS = ("AR", "R", "AW", "W", "B")
 _STAT_FIELDS = ("ar", "r", "aw", "w", "b", "read_grants", "r_slverr", "b_slverr")
-
-
-class RtlSimError(TesseraError):
-    """The RTL simulation cannot be built or run (missing tools, bad Verilog, a hung bus)."""
 
 
 # ------------------------------------------------------------------ toolchain
