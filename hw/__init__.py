@@ -2,8 +2,8 @@
 
 * :mod:`.accelerator`: the whole accelerator (:class:`~.accelerator.Accelerator`),
   built from one :class:`tessera.config.HwConfig`; :mod:`.fetch`,
-  :mod:`.modules` (load, compute, store), :mod:`.tensor` (GEMM core and
-  tensor ALU), :mod:`.dma`, :mod:`.sequencer` (command and token queues),
+  :mod:`.modules` (load, compute, store), :mod:`.tensor` (the pipelines of
+  the compute module's two units, GEMM core and tensor ALU), :mod:`.dma`, :mod:`.sequencer` (command and token queues),
   :mod:`.control` (AXI4-Lite registers), :mod:`.alu_ops` (ALU hardware hooks).
 * :mod:`.export`: Verilog with Vivado-friendly port names (``tessera hw verilog``).
 * :mod:`.rtlsim`: the Verilator simulation driven from Python;

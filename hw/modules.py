@@ -266,6 +266,7 @@ class ComputeModule(wiring.Component):
                          g_wr.eq(gemm.acc_wr.data)]
         streams = [(g_en, g_row, g_wr)] + [(p.acc_wr.en, p.acc_wr.addr, p.acc_wr.data)
                                            for p in pipes if p is not gemm]
+        # Saturated per stream (not after the bank muxes): fewer LUTs in yosys' estimate.
         saturated = [Cat(*(_saturate(d.word_select(j, c.acc_width), c.out_width)
                            for j in range(lanes))) for _, _, d in streams]
         for b in range(ACC_BANKS):
