@@ -300,6 +300,19 @@ class HazardTracker:
                     self.last_write[space][module, idx] = seq
 
 
+def acc_banks(access: Access, bank_rows: int) -> frozenset[int]:
+    """The accumulator banks (``HwConfig.acc_bank_rows`` rows each) ``access`` touches."""
+    banks: set[int] = set()
+    for space, idx in access.reads + access.writes:
+        if space != "acc" or index_size(idx) == 0:
+            continue
+        if isinstance(idx, tuple):
+            banks.update(range(idx[0] // bank_rows, (idx[1] - 1) // bank_rows + 1))
+        else:
+            banks.update(np.unique(idx // bank_rows).tolist())
+    return frozenset(banks)
+
+
 def module_index(insn: Instruction) -> int:
     return MODULE_INDEX[module_of(insn)]
 

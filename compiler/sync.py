@@ -53,8 +53,8 @@ from dataclasses import dataclass, field
 from tessera.isa import Alu, Finish, Gemm, Instruction, Program
 from tessera.timing import compute_unit
 
-from .access import (LANE_NAMES, LANE_OF_UNIT, MODULE_NAMES, SPACE_LANES, Access,
-                     AccessAnalyzer, HazardTracker, lanes_of, module_index)
+from .access import (LANE_NAMES, LANE_OF_UNIT, MODULE_NAMES, SPACE_LANES,
+                     AccessAnalyzer, HazardTracker, acc_banks, lanes_of, module_index)
 from tessera.errors import CompileError
 
 LOAD, COMPUTE, STORE = 0, 1, 2
@@ -115,19 +115,6 @@ class SyncStats:
 
 def _max(a: list[int], b: list[int]) -> list[int]:
     return [x if x > y else y for x, y in zip(a, b)]
-
-
-def _banks(access: Access, bank_rows: int) -> frozenset[int]:
-    out: set[int] = set()
-    for space, idx in access.reads + access.writes:
-        if space != "acc":
-            continue
-        if isinstance(idx, tuple):
-            if idx[1] > idx[0]:
-                out.update(range(idx[0] // bank_rows, (idx[1] - 1) // bank_rows + 1))
-        else:
-            out.update(int(b) for b in set((idx // bank_rows).tolist()))
-    return frozenset(out)
 
 
 def _pushes(rec: _Rec) -> set[str]:
@@ -255,7 +242,7 @@ def insert_dependency_tokens(program: Program) -> Program:
             if rec.overlap:
                 unit = compute_unit(clean)
                 other_lane = L_ALU if unit == "gemm" else L_GEMM
-                rec.banks = _banks(acc, bank_rows)
+                rec.banks = acc_banks(acc, bank_rows)
                 rec.partner = partner_of[unit]
                 vc = base_before(rec, True)
                 if need[other_lane] > vc[other_lane] or (
@@ -263,7 +250,7 @@ def insert_dependency_tokens(program: Program) -> Program:
                     rec.insn = clean.replace(overlap=False)
                     rec.partner = None
             else:
-                rec.banks = _banks(acc, bank_rows)
+                rec.banks = acc_banks(acc, bank_rows)
             vc = base_before(rec, rec.overlap)
             for lane in (L_LOAD, L_STORE):
                 if need[lane] > vc[lane]:

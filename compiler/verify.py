@@ -34,7 +34,7 @@ from tessera.isa import ALU_OPS, Alu, Finish, Gemm, Instruction, Program, module
 from tessera.timing import compute_unit, units_awaited
 
 from .access import (LANE_NAMES, LANE_OF_UNIT, MODULE_NAMES, SPACE_LANES, AccessAnalyzer,
-                     HazardTracker, lanes_of, module_index)
+                     HazardTracker, acc_banks, lanes_of, module_index)
 from tessera.errors import VerificationError
 
 _QUEUES = ((0, 1), (1, 0), (1, 2), (2, 1))
@@ -249,7 +249,7 @@ def verify_program(program: Program, *, uop_hazards: bool = True) -> VerifyRepor
     for i, insn in enumerate(insns):
         own = lanes[i]
         acc = analyzer.access(insn)
-        banks.append(_acc_banks(acc, program.config.acc_bank_rows))
+        banks.append(acc_banks(acc, program.config.acc_bank_rows))
         _check_overlap_pair(program, i, banks)
         if uop_hazards and isinstance(insn, (Gemm, Alu)):
             check_uop_hazards(program, analyzer, i, insn)
@@ -319,19 +319,6 @@ def _check_overlap_pair(program: Program, index: int, banks: list[frozenset[int]
             f"{_label(program, index)} may run beside {_label(program, j)} on the other compute "
             f"unit (overlap) and both use {what}: use the other bank or queue, or clear "
             "overlap", index=index)
-
-
-def _acc_banks(access, bank_rows: int) -> frozenset[int]:
-    """The accumulator banks an instruction's accesses fall in."""
-    rows = [idx for space, idx in access.reads + access.writes if space == "acc"]
-    return frozenset(b for idx in rows for b in _banks_of(idx, bank_rows))
-
-
-def _banks_of(idx, bank_rows: int) -> set[int]:
-    if isinstance(idx, tuple):
-        lo, hi = idx
-        return set(range(lo // bank_rows, (hi - 1) // bank_rows + 1)) if hi > lo else set()
-    return {int(b) for b in np.unique(np.asarray(idx) // bank_rows)}
 
 
 def module_names(program: Program) -> list[str]:

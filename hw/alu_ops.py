@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
@@ -297,14 +296,6 @@ def _requant_hw(m: Module, a: Value, b: Value) -> Value:
     return _sat_signed32(mag_y, s3_neg)
 
 
-def _is_builtin_mov(semantics: Callable) -> bool:
-    """MOV's built-in semantics is an unnamed ``lambda a, b: b`` in
-    ``tessera.isa.intrinsics``: recognise it by where it was defined."""
-    code = getattr(semantics, "__code__", None)
-    return (code is not None and getattr(semantics, "__name__", "") == "<lambda>"
-            and Path(code.co_filename).resolve() == Path(_intrinsics.__file__).resolve())
-
-
 def _is(semantics: Callable) -> Callable[[Callable], bool]:
     return lambda registered: registered is semantics
 
@@ -320,7 +311,7 @@ _BUILTIN_HARDWARE: dict[str, tuple[Callable[[Callable], bool], int, AluHardware]
     "SHR": (_is(_intrinsics._shr), 3, AluHardware(_shr_hw)),
     "MUL": (_is(np.multiply), 4, AluHardware(_mul_hw)),
     "CLIP": (_is(_intrinsics._clip), 3, AluHardware(_clip_hw, _clip_imm_operand)),
-    "MOV": (_is_builtin_mov, 3, AluHardware(_mov_hw)),
+    "MOV": (_is(_intrinsics._mov), 3, AluHardware(_mov_hw)),
     "REQUANT": (_is(_rq.requantize_packed), 6, AluHardware(_requant_hw)),
 }
 

@@ -1114,7 +1114,6 @@ def test_overlap_on_the_same_bank_raises():
     """An ALU with overlap on the GEMM's bank (dst, or only its tensor operand) is refused."""
     cfg = TINY
     rows, n = 40, 4
-    bank = cfg.acc_bank_rows
     same_dst = Alu(alu_op=OP["ADD"], use_imm=True, imm=1, uop_begin=0, uop_end=1, iter_out=n,
                    dst_factor_out=1, overlap=True)                  # rows 0.., the GEMM's
     prog, *_ = overlap_program(cfg, gemm_on_bank0(rows) + [same_dst], rows, n, seed="same")

@@ -233,6 +233,10 @@ def _shr(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.where(b >= 0, right, left)
 
 
+def _mov(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return b
+
+
 _FAST = AluTiming(ii_imm=1, ii_tensor=2, latency=3)
 
 for _op in (
@@ -248,7 +252,7 @@ for _op in (
     Intrinsic("CLIP", 6, _clip, _FAST, imm_to_operand=_clip_imm_to_operand,
               doc="min(max(a, lo), hi); operand lane = lo | hi << 16 (see clip_operand), "
                   "immediate = lo | hi << imm_bits/2 (see clip_imm)"),
-    Intrinsic("MOV", 8, lambda a, b: b, AluTiming(ii_imm=1, ii_tensor=1, latency=3,
+    Intrinsic("MOV", 8, _mov, AluTiming(ii_imm=1, ii_tensor=1, latency=3,
                                                   reads_dst=False),
               doc="b: copies the operand row (tensor form, one row per cycle: it reads only "
                   "src) or fills with the immediate; initialises accumulators with a bias"),
