@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+from tessera.cache import cache_dir as tessera_cache_dir
 from tessera.config import HwConfig
 from tessera.errors import DeadlockError, ProgramError, RtlSimError
 from tessera.regmap import (CONTROL_START, CTRL_ADDR_BITS, REG, REGISTERS, STATUS_DONE,
@@ -220,15 +221,9 @@ def check_verilog_ports(config: HwConfig, verilog: str) -> None:
 
 # ---------------------------------------------------------------------- build
 def cache_root(cache_dir: str | Path | None = None) -> Path:
-    """Where builds are cached: ``cache_dir``, ``$TESSERA_CACHE/verilator`` or
-    ``~/.cache/tessera/verilator``."""
-    if cache_dir is not None:
-        return Path(cache_dir)
-    base = os.environ.get("TESSERA_CACHE")
-    if base:
-        return Path(base) / "verilator"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return Path(xdg or Path.home() / ".cache") / "tessera" / "verilator"
+    """Where builds are cached: ``cache_dir``, else :func:`tessera.cache.cache_dir`
+    ``("verilator")``."""
+    return Path(cache_dir) if cache_dir is not None else tessera_cache_dir("verilator")
 
 
 def _trace_kind(trace: str | Path | None) -> str:

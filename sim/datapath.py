@@ -15,6 +15,7 @@ import numpy as np
 
 from tessera.config import HwConfig
 from tessera.errors import BoundsError, HazardError
+from tessera.regmap import ErrorCode
 from tessera.isa import ALU_OPS, Alu, Gemm, Load, MemType, Program, Store, get_isa
 from tessera.isa.intrinsics import saturate, wrap
 from tessera.timing import gemm_hazard_distance
@@ -63,14 +64,15 @@ class Datapath:
         eb = self.isa.elem_bytes(insn.mem)
         starts = (insn.dram_base + np.arange(insn.y_size, dtype=np.int64) * insn.x_stride) * eb
         idx = starts[:, None] + np.arange(insn.x_size * eb, dtype=np.int64)[None, :]
-        if idx.size:
-            lo, hi = int(idx.min()), int(idx.max()) + 1
+        span = self.isa.dram_span(insn)
+        if span is not None:
+            lo, hi = span
             if not any(a <= lo and hi <= b for _, a, b in self.segments):
                 near = ", ".join(f"{n} [{a:#x}, {b:#x})" for n, a, b in self.segments) or "none"
                 raise BoundsError(
                     f"DRAM bytes [{lo:#x}, {hi:#x}) are not inside one segment (dram_base="
                     f"{insn.dram_base} x {eb} B elements); segments: {near}",
-                    index=index, where=insn.label)
+                    index=index, where=insn.label, code=ErrorCode.AXI_RESPONSE)
         return idx
 
     def _check_sram(self, insn: Load | Store, entries: int, index: int) -> None:
@@ -78,7 +80,8 @@ class Datapath:
         if insn.sram_base + entries > depth:
             raise BoundsError(
                 f"SRAM entries [{insn.sram_base}, {insn.sram_base + entries}) exceed the "
-                f"{insn.mem.label} buffer of {depth} entries", index=index, where=insn.label)
+                f"{insn.mem.label} buffer of {depth} entries", index=index, where=insn.label,
+                code=ErrorCode.SRAM_BOUNDS)
 
     def load(self, insn: Load, index: int) -> None:
         if insn.is_nop:
@@ -111,7 +114,8 @@ class Datapath:
                       with_wgt: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         if insn.uop_end > self.config.uop_depth:
             raise BoundsError(f"uop_end {insn.uop_end} exceeds the uop buffer of "
-                              f"{self.config.uop_depth} entries", index=index, where=insn.label)
+                              f"{self.config.uop_depth} entries", index=index, where=insn.label,
+                              code=ErrorCode.UOP_BOUNDS)
         dst_u, src_u, wgt_u = self.isa.decode_uop_fields(self.uop[insn.uop_begin:insn.uop_end])
         o = np.arange(insn.iter_out, dtype=np.int64)[:, None, None]
         i = np.arange(insn.iter_in, dtype=np.int64)[None, :, None]
@@ -130,7 +134,8 @@ class Datapath:
         if bad.size:
             raise BoundsError(
                 f"{name} index {int(values[bad[0]])} is past the {depth}-entry buffer at "
-                f"{self._op_position(insn, int(bad[0]))}", index=index, where=insn.label)
+                f"{self._op_position(insn, int(bad[0]))}", index=index, where=insn.label,
+                code=ErrorCode.INDEX_BOUNDS)
 
     @staticmethod
     def _op_position(insn: Gemm | Alu, op: int) -> str:

@@ -40,13 +40,16 @@ class AsmError(TesseraError, ValueError):
 class ProgramError(TesseraError):
     """A program that cannot run: malformed fields, bad ranges, deadlock...
 
-    ``index`` is the instruction index in the program (when one is to blame).
+    ``index`` is the instruction index in the program (when one is to blame);
+    ``code`` is the :class:`tessera.regmap.ErrorCode` the hardware reports for the same
+    fault, or ``None`` when the hardware does not check it (hazards, deadlocks...).
     """
 
     def __init__(self, message: str, *, index: int | None = None,
-                 where: str | None = None) -> None:
+                 where: str | None = None, code: int | None = None) -> None:
         self.index = index
         self.where = where
+        self.code = code
         super().__init__(_locate(message, index, where))
 
 
@@ -117,3 +120,30 @@ class SynthesisError(HardwareToolError):
 class RtlSimError(HardwareToolError):
     """The RTL simulation cannot be built or run (missing tools, bad Verilog, a hung bus)."""
 
+
+
+class DeviceError(TesseraError):
+    """A device (``tessera.runtime``) that cannot do what was asked: a missing backend or
+    bitstream, a config mismatch, a buffer misuse, or a run the hardware stopped with an
+    error code (``code``, an :class:`tessera.regmap.ErrorCode`, and ``index``, the
+    instruction the hardware blames, are set then)."""
+
+    def __init__(self, message: str, *, code: int | None = None,
+                 index: int | None = None) -> None:
+        self.code = code
+        self.index = index
+        super().__init__(message)
+
+
+class DeviceTimeoutError(DeviceError, TimeoutError):
+    """A run that did not finish within the timeout given to ``Device.wait``."""
+
+
+class FirewallError(ProgramError):
+    """A LOAD, STORE or instruction fetch whose DRAM range is not inside one of the buffers
+    allocated for the run: refused before launch, nothing runs."""
+
+
+class CpuKernelError(TesseraError, ValueError):
+    """A CPU fallback kernel that cannot be built, compiled (llvmlite) or called with the
+    arrays given (wrong shape or dtype)."""

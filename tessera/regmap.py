@@ -66,22 +66,40 @@ ERROR_CODE_BITS = 4
 
 
 class ErrorCode(IntEnum):
-    """Why the hardware stopped a run (read from ERROR_CODE).
+    """Why the hardware stopped a run (read from ERROR_CODE); :data:`ERROR_MEANINGS` says
+    what each means.
 
     The hardware checks what is cheap to check and stops instead of writing
     out of range; the simulator raises the matching ``tessera.errors`` class.
     """
 
     NONE = 0
-    OPCODE = 1          # reserved opcode
-    MEM_TYPE = 2        # reserved memory type, or one the module cannot move
-    SRAM_BOUNDS = 3     # a LOAD/STORE past the end of its on-chip buffer
-    UOP_BOUNDS = 4      # a GEMM/ALU uop range past the uop buffer
-    INDEX_BOUNDS = 5    # a GEMM/ALU buffer index past the end of its buffer
-    ALU_OP = 6          # an ALU opcode with no hardware in this build
-    DRAM_ADDRESS = 7    # a DRAM byte address past 2**32
-    AXI_RESPONSE = 8    # the DRAM answered SLVERR/DECERR
+    OPCODE = 1
+    MEM_TYPE = 2
+    SRAM_BOUNDS = 3
+    UOP_BOUNDS = 4
+    INDEX_BOUNDS = 5
+    ALU_OP = 6
+    DRAM_ADDRESS = 7
+    AXI_RESPONSE = 8
+    SIMULATOR = 15
 
+
+ERROR_MEANINGS: dict[ErrorCode, str] = {
+    ErrorCode.NONE: "no error",
+    ErrorCode.OPCODE: "a reserved opcode",
+    ErrorCode.MEM_TYPE: "a reserved memory type, or one the module cannot move",
+    ErrorCode.SRAM_BOUNDS: "a LOAD/STORE past the end of its on-chip buffer",
+    ErrorCode.UOP_BOUNDS: "a GEMM/ALU uop range past the uop buffer",
+    ErrorCode.INDEX_BOUNDS: "a GEMM/ALU buffer index past the end of its buffer",
+    ErrorCode.ALU_OP: "an ALU opcode with no hardware in this build",
+    ErrorCode.DRAM_ADDRESS: "a DRAM byte address past 2**32",
+    ErrorCode.AXI_RESPONSE: "the DRAM answered SLVERR/DECERR",
+    # Never from the hardware: the cycle simulator's register model (tessera.sim.registers).
+    ErrorCode.SIMULATOR: "a fault the simulator detects and the hardware does not check "
+                         "(a hazard, a deadlock, no FINISH)",
+}
+assert set(ERROR_MEANINGS) == set(ErrorCode)
 
 assert max(ErrorCode) < 1 << ERROR_CODE_BITS
 
@@ -143,7 +161,8 @@ def describe(config: HwConfig) -> dict:
                     "addr_bits": CTRL_ADDR_BITS, "data_bits": CTRL_DATA_BITS,
                     "registers": [asdict(r) for r in REGISTERS]},
         "status_bits": {"done": STATUS_DONE, "error": STATUS_ERROR, "running": STATUS_RUNNING},
-        "error_codes": {e.name: int(e) for e in ErrorCode},
+        "error_codes": {e.name: {"code": int(e), "meaning": ERROR_MEANINGS[e]}
+                        for e in ErrorCode},
         "masters": [{"port": p.name, "protocol": "AXI4", "dram_port": p.index,
                      "data_bits": p.data_bits, "addr_bits": AXI_ADDR_BITS,
                      "id_bits": AXI_ID_BITS, "read": p.reads, "write": p.writer,

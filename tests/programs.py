@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -105,61 +106,82 @@ def single_shot(config: HwConfig, *, segments: Mapping[str, np.ndarray | int] = 
 
 
 #: Configs the ``rtl`` backend runs (one Verilator build each): tiny ones in the default
-#: test run; benchmarks/rtl_agreement.py sets TESSERA_RTL_CONFIGS=pynq.
+#: test run; benchmarks/rtl_agreement.py sets TESSERA_RTL_CONFIGS=pynq. On the ``pynq``
+#: backend these configs run on the RTL-backed simulated board, the others on the
+#: simulator-backed one.
 RTL_CONFIGS = tuple(os.environ.get("TESSERA_RTL_CONFIGS", "tiny,tiny-b2").split(","))
-#: If set, every sim-vs-RTL comparison appends a JSON line to this file.
+#: If set, every simulator-vs-device comparison appends a JSON line to this file.
 RTL_REPORT = os.environ.get("TESSERA_RTL_REPORT")
 #: Cycle agreement required when concurrent DRAM transfers shared bandwidth.
 CONTENTION_TOLERANCE = 0.02
+#: The backends of the Device API the semantic suites run on.
+BACKENDS = ("sim", "rtl", "pynq")
 
 _backend = "sim"
 
 
 def use_backend(name: str) -> None:
-    """``sim``: :func:`run` simulates. ``rtl``: it also runs the program on the
-    Verilator-compiled RTL and checks that the RTL agrees with the simulator."""
+    """Which Device API backend :func:`run` also runs each program on (``sim``, ``rtl`` or
+    ``pynq``, the last through the simulated PYNQ board) and checks against the simulator."""
     global _backend
-    assert name in ("sim", "rtl"), name
+    assert name in BACKENDS, name
     _backend = name
 
 
 def run(program: Program) -> SimResult:
-    """Simulate ``program`` (and, on the ``rtl`` backend, check the RTL agrees);
-    check no token is left behind."""
+    """Simulate ``program``, check no token is left behind, then run it through the Device
+    API on the current backend and check that it agrees with the simulator."""
     result = simulate(program)
     assert not result.stats.leftover_tokens, result.stats.leftover_tokens
-    if _backend == "rtl":
-        assert_rtl_agrees(program, result)
+    assert_device_agrees(program, result, _backend)
     return result
 
 
-def assert_rtl_agrees(program: Program, sim: SimResult) -> None:
-    """The RTL's final DRAM is bit-identical to the simulator's, its cycle count equal
-    (or within :data:`CONTENTION_TOLERANCE` when DRAM transfers contended)."""
+@lru_cache(maxsize=None)
+def _device(backend: str, config: HwConfig):
+    """One long-lived device per backend and config (reset to power-up before each run)."""
+    from tessera.runtime import open_device
+
+    if backend == "pynq":
+        from tessera.runtime.pynq_sim import open_simulated_pynq
+
+        return open_simulated_pynq(config, model="rtl" if config.name in RTL_CONFIGS else "sim")
+    return open_device(backend, config)
+
+
+def assert_device_agrees(program: Program, sim: SimResult, backend: str = "rtl") -> None:
+    """``program`` run through the Device API on ``backend``: its final DRAM is bit-identical
+    to the simulator's, its cycle count equal (or within :data:`CONTENTION_TOLERANCE` when
+    DRAM transfers contended).
+
+    Buffers start zeroed on every backend (a power-up reset before each run), as in the
+    simulator: the tests' programs may read buffer entries they never wrote.
+    """
     import pytest
 
-    if program.config.name not in RTL_CONFIGS:
+    if backend == "rtl" and program.config.name not in RTL_CONFIGS:
         pytest.skip(f"the rtl backend runs configs {RTL_CONFIGS} in the default test run")
-    from tests.rtl import rtl_run
-
-    rtl = rtl_run(program)
+    device = _device(backend, program.config)
+    device.reset()
+    got = device.run(program)
+    expected = sim.dram[:program.insn_addr]
     if RTL_REPORT:
         with open(RTL_REPORT, "a") as f:
             f.write(json.dumps({
                 "test": os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0],
-                "config": program.config.name, "instructions": len(program.instructions),
-                "sim_cycles": sim.stats.cycles, "rtl_cycles": rtl.cycles,
-                "contended": sim.stats.dram_contended,
-                "dram_equal": bool(np.array_equal(rtl.dram, sim.dram))}) + "\n")
-    assert rtl.error == 0, f"the RTL stopped with {rtl.error!r} at instruction {rtl.error_index}"
-    diff = np.nonzero(rtl.dram != sim.dram)[0]
-    assert diff.size == 0, (f"DRAM differs at {diff.size} bytes, first at {int(diff[0]):#x}: "
-                            f"sim {sim.dram[diff[:8]]}, rtl {rtl.dram[diff[:8]]}")
+                "backend": backend, "config": program.config.name,
+                "instructions": len(program.instructions), "sim_cycles": sim.stats.cycles,
+                "rtl_cycles": got.cycles, "contended": sim.stats.dram_contended,
+                "dram_equal": bool(np.array_equal(got.dram, expected))}) + "\n")
+    diff = np.nonzero(got.dram != expected)[0]
+    assert diff.size == 0, (f"DRAM differs on {backend} at {diff.size} bytes, first at "
+                            f"{int(diff[0]):#x}: sim {expected[diff[:8]]}, {backend} "
+                            f"{got.dram[diff[:8]]}")
     if sim.stats.dram_contended:
-        assert abs(rtl.cycles - sim.stats.cycles) <= CONTENTION_TOLERANCE * sim.stats.cycles, \
-            (rtl.cycles, sim.stats.cycles)
+        assert abs(got.cycles - sim.stats.cycles) <= CONTENTION_TOLERANCE * sim.stats.cycles, \
+            (got.cycles, sim.stats.cycles)
     else:
-        assert rtl.cycles == sim.stats.cycles, (rtl.cycles, sim.stats.cycles)
+        assert got.cycles == sim.stats.cycles, (got.cycles, sim.stats.cycles)
 
 
 # ------------------------------------------------------------- data helpers

@@ -30,9 +30,10 @@ TINY_B2 = PRESETS["tiny"].replace(batch=2, name="tiny-b2")
 CONFIGS = [TINY, PYNQ, TINY_B2]
 
 
-@pytest.fixture(scope="module", params=["sim", "rtl"], autouse=True)
+@pytest.fixture(scope="module", params=programs.BACKENDS, autouse=True)
 def backend(request):
-    """Every test runs on the simulator, then again with the RTL checked against it."""
+    """Every test runs once per Device API backend (sim, rtl, pynq on the simulated board),
+    each checked against the simulator."""
     programs.use_backend(request.param)
     yield request.param
     programs.use_backend("sim")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from ..config import HwConfig
 from ..errors import MalformedInstructionError
+from ..regmap import ErrorCode
 from .instructions import Alu, Instruction, Load, MemType, Store, module_of
 from .intrinsics import ALU_OPS
 
@@ -17,15 +18,16 @@ _ALLOWED_FLAGS = {
 def check_instruction(insn: Instruction, config: HwConfig, index: int | None = None) -> None:
     """Raise :class:`MalformedInstructionError` if ``insn`` cannot execute on ``config``."""
 
-    def fail(msg: str) -> None:
-        raise MalformedInstructionError(msg, index=index, where=insn.label)
+    def fail(msg: str, code: ErrorCode | None = None) -> None:
+        raise MalformedInstructionError(msg, index=index, where=insn.label, code=code)
 
     if isinstance(insn, Load) and insn.mem == MemType.OUT:
         fail("LOAD cannot write the output buffer (it mirrors the accumulator): "
-             "load into acc or acc8 instead")
+             "load into acc or acc8 instead", ErrorCode.MEM_TYPE)
     if isinstance(insn, Store):
         if insn.mem != MemType.OUT:
-            fail(f"STORE reads the output buffer only: mem must be out, not {insn.mem.label}")
+            fail(f"STORE reads the output buffer only: mem must be out, not {insn.mem.label}",
+                 ErrorCode.MEM_TYPE)
         pads = {k: getattr(insn, k) for k in ("y_pad_0", "y_pad_1", "x_pad_0", "x_pad_1")}
         nonzero = {k: v for k, v in pads.items() if v}
         if nonzero:
@@ -37,6 +39,6 @@ def check_instruction(insn: Instruction, config: HwConfig, index: int | None = N
                  f"(allowed: {', '.join(_ALLOWED_FLAGS[module])})")
     if isinstance(insn, Alu) and not insn.reset and ALU_OPS.get(insn.alu_op) is None:
         fail(f"alu_op {insn.alu_op} is not a registered ALU op "
-             f"(registered: {', '.join(f'{o.name}={o.opcode}' for o in ALU_OPS)})")
+             f"(registered: {', '.join(f'{o.name}={o.opcode}' for o in ALU_OPS)})", ErrorCode.ALU_OP)
     if hasattr(insn, "uop_end") and insn.uop_end < insn.uop_begin:
         fail(f"uop_end must be at least uop_begin ({insn.uop_begin}), not {insn.uop_end}")

@@ -18,7 +18,9 @@ import numpy as np
 
 from ..config import HwConfig
 from ..errors import ConfigError, EncodingError, MalformedInstructionError
-from .instructions import (DEP_FLAGS, INSTRUCTION_CLASSES, Instruction, MemType, Opcode, Uop)
+from ..regmap import ErrorCode
+from .instructions import (DEP_FLAGS, INSTRUCTION_CLASSES, Instruction, Load, MemType, Opcode, Store,
+                           Uop)
 
 INSN_BITS = 128
 INSN_BYTES = INSN_BITS // 8
@@ -170,6 +172,17 @@ class Isa:
                 MemType.WGT: c.wgt_entry_bytes, MemType.ACC: c.acc_entry_bytes,
                 MemType.ACC8: c.batch * c.block_out, MemType.OUT: c.out_entry_bytes}[MemType(mem)]
 
+    def dram_span(self, insn: Load | Store) -> tuple[int, int] | None:
+        """The DRAM bytes ``[lo, hi)`` a LOAD or STORE reads or writes: ``y_size`` rows of
+        ``x_size`` elements, ``x_stride`` elements apart from ``dram_base``. ``None`` when it
+        moves nothing (``x_size`` or ``y_size`` 0). The simulator's bounds check and the
+        runtime's DMA firewall both use it."""
+        if insn.x_size == 0 or insn.y_size == 0:
+            return None
+        eb = self.elem_bytes(insn.mem)
+        last_row = insn.dram_base + (insn.y_size - 1) * insn.x_stride
+        return insn.dram_base * eb, (last_row + insn.x_size) * eb
+
     def depth(self, mem: MemType) -> int:
         """Entries of the on-chip buffer that memory type ``mem`` lands in."""
         c = self.config
@@ -195,7 +208,8 @@ class Isa:
         except ValueError:
             raise MalformedInstructionError(
                 f"opcode {code} is reserved (known: "
-                f"{', '.join(f'{o.name}={o.value}' for o in Opcode)})", index=index) from None
+                f"{', '.join(f'{o.name}={o.value}' for o in Opcode)})", index=index,
+                code=ErrorCode.OPCODE) from None
         layout = self.layouts[opcode]
         values = layout.decode(word)
         unused = word >> layout.used_bits
@@ -210,7 +224,8 @@ class Isa:
             except ValueError:
                 raise MalformedInstructionError(
                     f"mem must be one of {[m.value for m in MemType]}, not {values['mem']} "
-                    "(reserved memory type)", index=index, where=opcode.name) from None
+                    "(reserved memory type)", index=index, where=opcode.name,
+                    code=ErrorCode.MEM_TYPE) from None
         cls = INSTRUCTION_CLASSES[opcode]
         bool_fields = {f.name for f in dataclasses.fields(cls) if f.type in ("bool", bool)}
         return cls(**{k: (bool(v) if k in bool_fields else v) for k, v in values.items()})

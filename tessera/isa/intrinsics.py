@@ -7,7 +7,7 @@ compiler may lower to it. Built-ins go through the same :func:`register_alu_op`
 a user calls from their own module::
 
     from tessera.isa import Intrinsic, register_alu_op
-    register_alu_op(Intrinsic("ABSDIFF", 8, lambda a, b: np.abs(a - b)))
+    register_alu_op(Intrinsic("ABSDIFF", 9, lambda a, b: np.abs(a - b)))
 
 Semantics functions take ``a`` (the accumulator values at ``dst``) and ``b``
 (the operand: accumulator values at ``src``, or the immediate turned into a

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from tessera.config import PRESETS
 
 from tests.fuzz_programs import FAMILIES, random_program
-from tests.programs import assert_rtl_agrees
+from tests.programs import assert_device_agrees
 
 TINY = PRESETS["tiny"]
 
@@ -19,4 +19,4 @@ TINY = PRESETS["tiny"]
 @given(seed=st.integers(0, 2**32 - 1), family=st.sampled_from(FAMILIES))
 def test_random_programs_agree(seed, family):
     program, sim = random_program(TINY, seed, family)
-    assert_rtl_agrees(program, sim)
+    assert_device_agrees(program, sim, "rtl")
