@@ -78,7 +78,7 @@ class RtlModel:
         except ImportError as exc:
             raise DeviceError(f"the RTL model needs the hardware tools ({exc.name} is missing): "
                               'pip install -e ".[hw]", or use the simulator') from None
-        options.setdefault("quiet", True)
+        # Not quiet: a first build takes minutes and says so on stderr.
         self.sim = RtlSim(config, dram_bytes=memory_bytes, **options)
         self._started = False
 

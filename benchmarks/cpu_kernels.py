@@ -1,0 +1,223 @@
+"""Benchmark the llvmlite CPU fallback kernels against numpy on the same data.
+
+    python benchmarks/cpu_kernels.py [--repeats 7] [--filter softmax] [--markdown]
+                                     [--no-fail] [--user-cache]
+
+Cases come from ``cpu_cases_math.py`` (elementwise, reductions, softmax, layer norm)
+and ``cpu_cases_data.py`` (layout, pooling, resize, conv), each a list of
+``cpu_case.Case``. For every case the kernel's result is first checked against numpy's
+(allclose for floats, exact for integers), then both are timed in the same process,
+interleaved, best of ``--repeats`` blocks of calls (each block long enough to be
+measurable); the JIT compile happens in the case's setup and is reported separately.
+By default kernels compile into a fresh temporary cache so the compile times are real;
+``--user-cache`` uses the normal one.
+
+Kernels that run on several threads (large work with a parallel form, see
+``tessera.runtime.cpu``) are also timed forced onto one thread: the ``threads`` and
+``1-thread ratio`` columns show which ratios come from parallelism. The target applies
+to the default (automatic threads) ratio.
+
+Target: numpy / kernel time >= 1.0 for every case, >= 2.0 for fused chains of three or
+more elementwise ops (numpy makes a temporary per op, the kernel one pass). Exit status
+1 if a target is missed or a result is wrong, unless ``--no-fail``.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from cpu_case import Case
+
+CASE_MODULES = ("cpu_cases_math", "cpu_cases_data")
+_BLOCK_SECONDS = 0.02     # each timed block of calls lasts at least this long
+
+
+@dataclass
+class Row:
+    case: Case
+    numpy_us: float = float("nan")
+    kernel_us: float = float("nan")
+    compile_ms: float = float("nan")
+    serial_us: float = float("nan")     # the kernel forced onto one thread
+    threads: int = 1
+    error: str = ""
+
+    @property
+    def ratio(self) -> float:
+        return self.numpy_us / self.kernel_us
+
+    @property
+    def serial_ratio(self) -> float:
+        return self.numpy_us / self.serial_us
+
+    @property
+    def ok(self) -> bool:
+        return not self.error and self.ratio >= self.case.target
+
+
+def load_cases(name_filter: str | None) -> tuple[list[Case], list[str]]:
+    """All cases of the case modules that exist, and notes about missing modules."""
+    cases, notes = [], []
+    for mod in CASE_MODULES:
+        try:
+            module = importlib.import_module(mod)
+        except ModuleNotFoundError as exc:
+            if exc.name != mod:
+                raise
+            notes.append(f"{mod}.py not found: its cases are skipped")
+            continue
+        cases += module.CASES
+    if name_filter:
+        cases = [c for c in cases if name_filter in f"{c.op} {c.shape} {c.dtype}"]
+    return cases, notes
+
+
+def _as_arrays(result: object) -> list[np.ndarray]:
+    if isinstance(result, (tuple, list)):
+        return [np.asarray(r) for r in result]
+    return [np.asarray(result)]
+
+
+def check_result(want: object, got: object) -> str:
+    """'' if the kernel's result matches numpy's, else what differs."""
+    want_l, got_l = _as_arrays(want), _as_arrays(got)
+    if len(want_l) != len(got_l):
+        return f"{len(got_l)} results, numpy gives {len(want_l)}"
+    for w, g in zip(want_l, got_l):
+        if w.shape != g.shape or w.dtype != g.dtype:
+            return f"got {g.dtype}{g.shape}, numpy gives {w.dtype}{w.shape}"
+        if w.dtype.kind == "f":
+            # Absolute slack scaled by the output's magnitude: float sums are rounded
+            # differently (pairwise vs vector partial sums) and results near 0 after
+            # cancellation differ by more than a relative tolerance allows.
+            finite = np.abs(w[np.isfinite(w)])
+            atol = 1e-6 * max(1.0, float(finite.max(initial=0.0)))
+            if not np.allclose(g, w, rtol=1e-5, atol=atol, equal_nan=True):
+                return f"max abs error {np.nanmax(np.abs(g - w)):.3g}"
+        elif not np.array_equal(g, w):
+            return f"{np.count_nonzero(g != w)} elements differ"
+    return ""
+
+
+def _calls_per_block(fn: Callable[[], object]) -> int:
+    start = time.perf_counter()
+    fn()
+    once = time.perf_counter() - start
+    return max(1, int(_BLOCK_SECONDS / max(once, 1e-7)))
+
+
+def _block_us(fn: Callable[[], object], calls: int) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def run_case(case: Case, repeats: int) -> Row:
+    row = Row(case)
+    start = time.perf_counter()
+    try:
+        numpy_fn, kernel_fn = case.setup()
+    except Exception as exc:   # report the case, keep benchmarking the others
+        row.error = f"setup failed: {type(exc).__name__}: {exc}"
+        return row
+    row.compile_ms = (time.perf_counter() - start) * 1e3
+    with np.errstate(all="ignore"):
+        row.error = check_result(numpy_fn(), kernel_fn())
+        if row.error:
+            return row
+        for fn in (numpy_fn, kernel_fn, numpy_fn, kernel_fn):   # warm-up
+            fn()
+        row.threads = getattr(kernel_fn, "threads", 1)
+        serial_fn = kernel_fn.serial() if row.threads > 1 else None
+        fns = [numpy_fn, kernel_fn] + ([serial_fn] if serial_fn else [])
+        calls = [_calls_per_block(fn) for fn in fns]
+        best = [float("inf")] * len(fns)
+        for _ in range(repeats):   # interleaved, so background load hits all alike
+            for k, (fn, n) in enumerate(zip(fns, calls)):
+                best[k] = min(best[k], _block_us(fn, n))
+    row.numpy_us, row.kernel_us = best[0], best[1]
+    row.serial_us = best[2] if serial_fn else best[1]
+    return row
+
+
+HEADER = ("op", "shape", "dtype", "numpy us", "kernel us", "ratio", "target",
+          "threads", "1-thread ratio", "compile ms", "ok")
+_NUMERIC = {3, 4, 5, 6, 7, 8, 9}
+
+
+def _cells(row: Row) -> tuple[str, ...]:
+    c = row.case
+    if row.error:
+        status = f"FAIL ({row.error})"
+        return (c.op, c.shape, c.dtype, "-", "-", "-", f"{c.target:.1f}x", "-", "-",
+                f"{row.compile_ms:.0f}", status)
+    return (c.op, c.shape, c.dtype, f"{row.numpy_us:.1f}", f"{row.kernel_us:.1f}",
+            f"{row.ratio:.2f}x", f"{c.target:.1f}x", str(row.threads),
+            f"{row.serial_ratio:.2f}x", f"{row.compile_ms:.0f}",
+            "pass" if row.ok else "FAIL")
+
+
+def format_table(rows: list[Row]) -> str:
+    cells = [HEADER, *(_cells(r) for r in rows)]
+    widths = [max(len(r[k]) for r in cells) for k in range(len(HEADER))]
+    numeric = _NUMERIC
+    lines = []
+    for i, r in enumerate(cells):
+        lines.append("  ".join(v.rjust(w) if k in numeric else v.ljust(w)
+                               for k, (v, w) in enumerate(zip(r, widths))))
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def format_markdown(rows: list[Row]) -> str:
+    lines = ["| " + " | ".join(HEADER) + " |",
+             "|" + "|".join("---:" if k in _NUMERIC else "---"
+                            for k in range(len(HEADER))) + "|"]
+    lines += ["| " + " | ".join(_cells(r)) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=7, help="timed blocks per side (best of)")
+    ap.add_argument("--filter", help="only cases whose 'op shape dtype' contains this")
+    ap.add_argument("--markdown", action="store_true", help="also print a markdown table")
+    ap.add_argument("--no-fail", action="store_true", help="exit 0 even if targets are missed")
+    ap.add_argument("--user-cache", action="store_true",
+                    help="compile into the normal cache instead of a fresh temporary one")
+    args = ap.parse_args(argv)
+
+    tmp = None
+    if not args.user_cache:
+        tmp = tempfile.TemporaryDirectory(prefix="tessera-bench-")
+        os.environ["TESSERA_CACHE"] = tmp.name
+    cases, notes = load_cases(args.filter)
+    rows = []
+    for case in cases:
+        rows.append(run_case(case, args.repeats))
+        print(f"  {case.op} {case.shape} {case.dtype}: done", file=sys.stderr, flush=True)
+    print(format_table(rows))
+    if args.markdown:
+        print()
+        print(format_markdown(rows))
+    for note in notes:
+        print(f"note: {note}")
+    failed = [r for r in rows if not r.ok]
+    print(f"{len(rows) - len(failed)}/{len(rows)} cases meet their target")
+    if tmp is not None:
+        tmp.cleanup()
+    return 1 if failed and not args.no_fail else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

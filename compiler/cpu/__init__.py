@@ -1,0 +1,29 @@
+"""CPU fallback kernels for ops the accelerator cannot run, generated as LLVM IR
+(llvmlite) per static shape, JIT-compiled for the host by ``tessera.runtime.jit`` and
+run with ``tessera.runtime.cpu.load_kernel``.
+
+Every builder returns a :class:`CpuKernel`; see :mod:`.kernel` for the calling
+convention and :mod:`.irutil` for the IR helpers kernels are written with.
+"""
+from .conv import build_conv_int8, build_matmul_int8
+from .elementwise import E, fused_elementwise, maximum, minimum
+from .kernel import DTYPES, CpuKernel, TensorSpec
+from .layout_ops import build_concat, build_pad, build_transpose
+from .norm import layer_norm
+from .pool import (build_average_pool, build_global_average_pool, build_global_max_pool,
+                   build_max_pool)
+from .reduce import REDUCE_OPS, reduce_max, reduce_mean, reduce_min, reduce_sum, reduction
+from .resize import build_resize
+from .softmax import log_softmax, softmax
+
+__all__ = [
+    "DTYPES", "CpuKernel", "TensorSpec",
+    # math kernels
+    "E", "fused_elementwise", "maximum", "minimum",
+    "REDUCE_OPS", "reduction", "reduce_sum", "reduce_mean", "reduce_max", "reduce_min",
+    "softmax", "log_softmax", "layer_norm",
+    # data-movement, pooling, resize, int8 conv / matmul kernels
+    "build_concat", "build_pad", "build_transpose",
+    "build_max_pool", "build_average_pool", "build_global_max_pool",
+    "build_global_average_pool", "build_resize", "build_conv_int8", "build_matmul_int8",
+]
