@@ -48,9 +48,13 @@ class PynqDevice(Device):
     #: A board at 100 MHz runs 10**9 cycles in this time.
     default_timeout = 10.0
 
-    def __init__(self, config: HwConfig, *, bitstream: str | Path, download: bool = True,
-                 ip_name: str | None = None) -> None:
+    def __init__(self, config: HwConfig, *, bitstream: str | Path | None = None,
+                 download: bool = True, ip_name: str | None = None) -> None:
         super().__init__(config)
+        if bitstream is None:
+            raise DeviceError(f"the pynq backend needs the bitstream to load: "
+                              f"open_device('pynq', {config.name!r}, bitstream='path/to/"
+                              "tessera.bit'), with the .hwh beside it")
         self._pynq = _import_pynq()
         path = _check_bitstream(Path(bitstream))
         try:

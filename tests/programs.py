@@ -10,10 +10,10 @@ LOADs and STOREs name a DRAM segment instead of a ``dram_base``: see
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -137,16 +137,32 @@ def run(program: Program) -> SimResult:
     return result
 
 
-@lru_cache(maxsize=None)
+_devices: dict[tuple[str, HwConfig], Any] = {}
+
+
 def _device(backend: str, config: HwConfig):
-    """One long-lived device per backend and config (reset to power-up before each run)."""
-    from tessera.runtime import open_device
+    """One long-lived device per backend and config (reset to power-up before each run),
+    closed when the test process exits."""
+    key = (backend, config)
+    if key not in _devices:
+        from tessera.runtime import open_device
 
-    if backend == "pynq":
-        from tessera.runtime.pynq_sim import open_simulated_pynq
+        if not _devices:
+            atexit.register(_close_devices)
+        if backend == "pynq":
+            from tessera.runtime.pynq_sim import open_simulated_pynq
 
-        return open_simulated_pynq(config, model="rtl" if config.name in RTL_CONFIGS else "sim")
-    return open_device(backend, config)
+            model = "rtl" if config.name in RTL_CONFIGS else "sim"
+            _devices[key] = open_simulated_pynq(config, model=model)
+        else:
+            _devices[key] = open_device(backend, config)
+    return _devices[key]
+
+
+def _close_devices() -> None:
+    for device in _devices.values():
+        device.close()
+    _devices.clear()
 
 
 def assert_device_agrees(program: Program, sim: SimResult, backend: str = "rtl") -> None:

@@ -288,6 +288,11 @@ def test_closed_device_refuses_work():
     dev.close()
 
 
+def test_pynq_backend_without_a_bitstream_says_what_is_missing():
+    with pytest.raises(DeviceError, match="needs the bitstream to load"):
+        open_device("pynq", TINY)
+
+
 def test_unknown_backend_and_config():
     with pytest.raises(DeviceError, match="unknown backend 'fpga': choose one of sim, rtl, pynq"):
         open_device("fpga")

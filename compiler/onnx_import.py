@@ -1,0 +1,589 @@
+"""ONNX in and out of the graph IR: :func:`import_onnx`, :func:`fold_constants`, :func:`to_onnx`.
+
+Import checks the model the way the rest of the compiler needs it (a supported opset,
+the ONNX checker, static shapes for every tensor) and turns each failure into a
+:class:`~tessera.errors.CompileError` that names the node and says what to do. The
+graph it returns speaks ONNX opset :data:`IR_OPSET`: models exported at another opset
+(13 or later) are converted with ``onnx.version_converter`` first, so every later pass
+and :func:`to_onnx` see one version of each operator.
+
+``to_onnx`` writes a graph back as a model onnxruntime runs, which is how the tests
+check that import and every later pass keep the model's meaning.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import onnx
+import onnx.inliner
+import onnx.version_converter
+from google.protobuf.message import DecodeError
+from onnx import AttributeProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from tessera.errors import CompileError
+
+from .graph import DTYPES, Graph, Node, Value
+
+__all__ = ["FOLD_LIMIT_BYTES", "IR_OPSET", "MIN_OPSET", "fold_constants", "import_onnx",
+           "to_onnx"]
+
+#: The opset of the IR: imported models are converted to it, :func:`to_onnx` writes it.
+IR_OPSET = 17
+#: The oldest default-domain opset import accepts (QDQ per-channel needs 13).
+MIN_OPSET = 13
+#: :func:`fold_constants` keeps a node whose outputs would be larger than this.
+FOLD_LIMIT_BYTES = 16 << 20
+
+#: Ops never folded: the quantizer wants int8 weights behind their DequantizeLinear, and
+#: random ops must not be frozen to one draw.
+_NO_FOLD = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear",
+                      "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"})
+#: Ops whose result depends only on their input's (static) shape: folded whatever the input.
+_SHAPE_ONLY = frozenset({"Shape", "Size"})
+_DEFAULT_DOMAINS = ("", "ai.onnx")
+_SUBGRAPH_TYPES = (AttributeProto.GRAPH, AttributeProto.GRAPHS)
+
+ModelSource = onnx.ModelProto | str | Path | bytes
+
+
+# ------------------------------------------------------------------------------ import
+def import_onnx(model: ModelSource,
+                input_shapes: Mapping[str, Sequence[int]] | None = None) -> Graph:
+    """Load, check and shape an ONNX model and return it as a :class:`Graph`.
+
+    ``model`` is a ModelProto (not modified), a file path or serialized bytes.
+    ``input_shapes`` gives the shape of inputs with dynamic dims (``{"x": (1, 3, 224,
+    224)}``); it must agree with the model's static dims. Initializers and ``Constant``
+    nodes become constants, constant subgraphs are folded (:func:`fold_constants`) and
+    unused nodes removed. Raises :class:`CompileError` for anything the compiler cannot
+    take, naming the node, tensor or attribute to blame.
+    """
+    proto, source = _load(model)
+    opset = _default_opset(proto, source)
+    if proto.functions:
+        # Local functions (PyTorch's dynamo exporter) are plain subgraphs once inlined.
+        proto = onnx.inliner.inline_local_functions(proto)
+    _name_nodes(proto.graph)
+    _check_nodes(proto.graph)
+    _run_checker(proto, source)
+    _set_input_shapes(proto.graph, dict(input_shapes or {}))
+    if opset != IR_OPSET:
+        proto = _convert_opset(proto, opset, source)
+        _name_nodes(proto.graph)
+    proto = _infer_shapes(proto)
+    graph = _build_graph(proto)
+    for node in graph.nodes:
+        if node.op == "Conv":
+            _check_conv(graph, node)
+    fold_constants(graph)
+    graph.remove_unused()
+    graph.verify()
+    return graph
+
+
+def _load(model: ModelSource) -> tuple[onnx.ModelProto, str]:
+    """A private copy of the model and how to call it in messages."""
+    if isinstance(model, onnx.ModelProto):
+        proto = onnx.ModelProto()
+        proto.CopyFrom(model)
+        return proto, f"model {model.graph.name!r}"
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        source = f"the model data given ({len(model)} bytes)"
+        proto = _parse(lambda: onnx.load_model_from_string(bytes(model)), source)
+    elif isinstance(model, (str, Path)):
+        path = Path(model)
+        source = f"file '{path}'"
+        if not path.is_file():
+            raise CompileError(f"cannot import {source}: there is no such file")
+        proto = _parse(lambda: onnx.load(str(path)), source)
+    else:
+        raise CompileError(f"import_onnx takes an onnx.ModelProto, a path or bytes, not "
+                           f"{type(model).__name__}")
+    if not proto.HasField("graph") or proto.ir_version <= 0 or not proto.opset_import:
+        raise CompileError(f"{source} is not an ONNX model or is truncated (it has no graph, "
+                           f"IR version or opset import); export the model again")
+    return proto, source
+
+
+def _parse(load: Any, source: str) -> onnx.ModelProto:
+    try:
+        return load()
+    except (DecodeError, ValueError, OSError, RuntimeError) as exc:
+        raise CompileError(f"{source} is not an ONNX model or is damaged ({exc}); export "
+                           f"the model again") from exc
+
+
+def _default_opset(proto: onnx.ModelProto, source: str) -> int:
+    versions = [o.version for o in proto.opset_import if o.domain in _DEFAULT_DOMAINS]
+    newest = onnx.defs.onnx_opset_version()
+    if not versions:
+        raise CompileError(f"{source} imports no opset of the default ONNX domain; export "
+                           f"it with opset {IR_OPSET}")
+    if not MIN_OPSET <= versions[0] <= newest:
+        raise CompileError(
+            f"{source} uses ONNX opset {versions[0]}, but the compiler takes opsets "
+            f"{MIN_OPSET} to {newest}; convert it with onnx.version_converter."
+            f"convert_version(model, {IR_OPSET}) or export it with opset_version={IR_OPSET}")
+    return versions[0]
+
+
+def _name_nodes(graph: onnx.GraphProto) -> None:
+    """Give unnamed nodes (and repeated names) unique names, so every message and pass can
+    point at a node."""
+    seen: set[str] = set()
+    for index, node in enumerate(graph.node):
+        if not node.name or node.name in seen:
+            base = node.name or f"{node.op_type}_{index}"
+            name, k = base, 1
+            while name in seen:
+                name, k = f"{base}_{k}", k + 1
+            node.name = name
+        seen.add(node.name)
+
+
+def _check_nodes(graph: onnx.GraphProto) -> None:
+    """Refuse what the IR cannot hold and give the checker's commonest failure (a tensor
+    read before it exists) a clearer message than the checker's."""
+    defined = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
+    producer = {out: node for node in graph.node for out in node.output}
+    for node in graph.node:
+        where = f"{node.op_type} node {node.name!r}"
+        if node.domain not in _DEFAULT_DOMAINS:
+            raise CompileError(
+                f"{where} is in operator domain {node.domain!r}; the compiler takes only "
+                f"standard ONNX ops (for onnxruntime's quantizer: use QuantFormat.QDQ without "
+                f"the UseQDQContribOps option)", op=node.name)
+        for attr in node.attribute:
+            if attr.type in _SUBGRAPH_TYPES:
+                raise CompileError(
+                    f"{where} has subgraph attribute {attr.name!r}; the compiler takes no "
+                    f"control flow (export the model with it unrolled or resolved)",
+                    op=node.name)
+        for tensor in node.input:
+            if tensor not in defined:
+                raise CompileError(_undefined_message(where, tensor, producer.get(tensor)),
+                                   op=node.name)
+        defined.update(node.output)
+
+
+def _undefined_message(where: str, tensor: str, later: onnx.NodeProto | None) -> str:
+    if later is None:
+        return (f"{where} reads tensor {tensor!r}, which no graph input, initializer or node "
+                f"output defines; the model is incomplete, export it again")
+    return (f"{where} reads tensor {tensor!r}, which {later.op_type} node {later.name!r} "
+            f"produces later: the nodes are not in topological order or form a cycle; "
+            f"sort them (the ONNX format requires it) or export the model again")
+
+
+def _run_checker(proto: onnx.ModelProto, source: str) -> None:
+    try:
+        onnx.checker.check_model(proto)
+    except onnx.checker.ValidationError as exc:
+        message = str(exc).strip()
+        match = re.search(r"name: (\S*) OpType: (\S+)", message, re.IGNORECASE)
+        first = message.splitlines()[0]
+        if match is None:
+            raise CompileError(f"{source} fails the ONNX checker: {first}") from exc
+        name, op = match.groups()
+        hint = (f"{op!r} is not an operator of the model's ONNX opset; replace it by "
+                f"standard ops" if first.startswith("No Op registered")
+                else "fix the node in the exporter")
+        raise CompileError(f"{op} node {name!r} of {source} fails the ONNX checker: {first}; "
+                           f"{hint}", op=name) from exc
+
+
+def _set_input_shapes(graph: onnx.GraphProto, shapes: dict[str, Sequence[int]]) -> None:
+    """Write ``shapes`` into the graph inputs; refuse dims left dynamic or contradicted."""
+    constants = {t.name for t in graph.initializer}
+    inputs = [i for i in graph.input if i.name not in constants]
+    names = [i.name for i in inputs]
+    for name in shapes:
+        if name not in names:
+            what = "a constant (initializer)" if name in constants else "not an input"
+            raise CompileError(f"input_shapes names {name!r}, which is {what} of the model; "
+                               f"its inputs are {names}")
+    for value in inputs:
+        _set_input_shape(value, shapes.get(value.name))
+    # Intermediate shapes the exporter wrote may hold the symbolic dims just replaced.
+    del graph.value_info[:]
+    for value in graph.output:
+        for dim in value.type.tensor_type.shape.dim:
+            if not dim.HasField("dim_value"):
+                dim.Clear()
+
+
+def _set_input_shape(value: onnx.ValueInfoProto, given: Sequence[int] | None) -> None:
+    ttype = value.type.tensor_type
+    known = ([d.dim_value if d.HasField("dim_value") else None for d in ttype.shape.dim]
+             if ttype.HasField("shape") else None)
+    if given is None:
+        _require_static(value.name, known)
+        return
+    given = tuple(int(d) for d in given)
+    if known is not None and (len(known) != len(given) or any(
+            k is not None and k != g for k, g in zip(known, given))):
+        model_dims = ["?" if k is None else k for k in known]
+        raise CompileError(f"input_shapes gives input {value.name!r} shape {list(given)}, but "
+                           f"the model declares {model_dims}; give a shape that matches")
+    ttype.shape.Clear()
+    for d in given:
+        ttype.shape.dim.add().dim_value = d
+
+
+def _require_static(name: str, known: list[int | None] | None) -> None:
+    if known is None:
+        raise CompileError(f"input {name!r} has no shape in the model; give it, e.g. "
+                           f"import_onnx(model, input_shapes={{{name!r}: (1, 3, 224, 224)}})")
+    dynamic = [i for i, d in enumerate(known) if d is None]
+    if dynamic:
+        example = tuple(1 if d is None else d for d in known)
+        raise CompileError(f"input {name!r} has dynamic dim {dynamic[0]} (shape "
+                           f"{['?' if d is None else d for d in known]}); give its shape, e.g. "
+                           f"import_onnx(model, input_shapes={{{name!r}: {example}}})")
+
+
+def _convert_opset(proto: onnx.ModelProto, opset: int, source: str) -> onnx.ModelProto:
+    held = _hold_back(proto.graph) if opset > IR_OPSET else False
+    if held:
+        proto.opset_import.append(helper.make_opsetid(_HELD_DOMAIN, 1))
+    try:
+        converted = onnx.version_converter.convert_version(proto, IR_OPSET)
+    except Exception as exc:  # the converter raises bare RuntimeErrors and others
+        raise CompileError(f"{source} uses opset {opset} and cannot be converted to opset "
+                           f"{IR_OPSET}, the compiler's ({exc}); export it with "
+                           f"opset_version={IR_OPSET}") from exc
+    if held:
+        _release(converted)
+    return converted
+
+
+def _hold_back(graph: onnx.GraphProto) -> bool:
+    """Move the nodes the converter has no downgrade for (but that mean the same at the IR
+    opset) to a private domain, which the converter leaves alone; True if there were any."""
+    held = False
+    for node in graph.node:
+        check = _NEWER_FEATURES.get(node.op_type)
+        if check is None or node.domain not in _DEFAULT_DOMAINS:
+            continue
+        feature = check(node)
+        if feature:
+            raise CompileError(f"{node.op_type} node {node.name!r} uses {feature}, which opset "
+                               f"{IR_OPSET} (the compiler's) does not have; export the model "
+                               f"with opset_version={IR_OPSET}", op=node.name)
+        node.domain = _HELD_DOMAIN
+        held = True
+    return held
+
+
+def _release(proto: onnx.ModelProto) -> None:
+    for node in proto.graph.node:
+        if node.domain == _HELD_DOMAIN:
+            node.domain = ""
+            # Split's num_outputs (18): at opset 17 a Split without sizes divides evenly
+            # into its outputs, the same split when the size divides.
+            kept = [a for a in node.attribute if a.name != "num_outputs"]
+            del node.attribute[:]
+            node.attribute.extend(kept)
+    imports = [o for o in proto.opset_import if o.domain != _HELD_DOMAIN]
+    del proto.opset_import[:]
+    proto.opset_import.extend(imports)
+
+
+def _pad_feature(node: onnx.NodeProto) -> str | None:
+    if len(node.input) > 3 and node.input[3]:
+        return "the axes input"
+    mode = next((a.s for a in node.attribute if a.name == "mode"), b"constant")
+    return "mode 'wrap'" if mode == b"wrap" else None
+
+
+def _resize_feature(node: onnx.NodeProto) -> str | None:
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if attrs.get("antialias", 0) or "axes" in attrs:
+        return "antialias or axes"
+    if attrs.get("keep_aspect_ratio_policy", b"stretch") != b"stretch":
+        return "keep_aspect_ratio_policy"
+    if attrs.get("coordinate_transformation_mode") == b"half_pixel_symmetric":
+        return "coordinate_transformation_mode 'half_pixel_symmetric'"
+    return None
+
+
+#: Ops onnx's version converter cannot take from opset 18+ down to the IR opset, with what
+#: tells whether a node uses a feature opset 17 lacks (None: it means the same there).
+_NEWER_FEATURES: dict[str, Callable[[onnx.NodeProto], str | None]] = {
+    "Pad": _pad_feature, "Resize": _resize_feature, "Split": lambda node: None}
+_HELD_DOMAIN = "tessera.held"
+
+
+def _infer_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:
+    try:
+        return onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True,
+                                                 data_prop=True)
+    except onnx.shape_inference.InferenceError as exc:
+        message = str(exc).strip()
+        match = re.search(r"\(op_type:(\S+), node name: ([^)]*)\): (.*)", message)
+        if match is None:
+            raise CompileError(f"ONNX shape inference failed: {message}") from exc
+        op, name, reason = match.groups()
+        raise CompileError(f"{op} node {name!r}: shape inference failed: {reason.strip()}; "
+                           f"check its attributes against its inputs' shapes", op=name) from exc
+
+
+# -------------------------------------------------------------------- graph building
+def _build_graph(proto: onnx.ModelProto) -> Graph:
+    g = proto.graph
+    graph = Graph(g.name or "graph")
+    types = {v.name: v.type for v in (*g.input, *g.value_info, *g.output)}
+    for tensor in g.initializer:
+        _add_const(graph, tensor.name, numpy_helper.to_array(tensor), "initializer")
+    for value in g.input:
+        if value.name not in graph.values:
+            shape, dtype = _static_type(types[value.name], value.name, "graph input")
+            graph.add_input(value.name, shape, dtype)
+    read = {t for n in g.node for t in n.input} | {o.name for o in g.output}
+    for node in g.node:
+        if node.op_type == "Constant":
+            _add_const(graph, node.output[0], _constant_data(node), f"Constant {node.name!r}")
+        else:
+            graph.nodes.append(_node(graph, node, types, read))
+    graph.outputs = [o.name for o in g.output]
+    return graph
+
+
+def _add_const(graph: Graph, name: str, data: np.ndarray, what: str) -> None:
+    _check_dtype(str(data.dtype), name, what)
+    graph.add_const(name, data)
+
+
+def _check_dtype(dtype: str, tensor: str, what: str) -> None:
+    if dtype not in DTYPES:
+        raise CompileError(f"tensor {tensor!r} ({what}) has element type {dtype}, which the "
+                           f"compiler does not handle (it takes {', '.join(DTYPES)}); cast it "
+                           f"in the model")
+
+
+def _static_type(ttype: onnx.TypeProto, tensor: str, what: str) -> tuple[tuple[int, ...], str]:
+    """Shape and numpy dtype name of a tensor type; CompileError unless both are known."""
+    if not ttype.HasField("tensor_type"):
+        raise CompileError(f"{what} {tensor!r} is not a tensor (sequences, maps and optionals "
+                           f"are not supported)")
+    tt = ttype.tensor_type
+    name = onnx.TensorProto.DataType.Name(tt.elem_type).lower()
+    dtype = {"float": "float32", "double": "float64"}.get(name, name)
+    _check_dtype(dtype, tensor, what)
+    dims = tt.shape.dim
+    if not tt.HasField("shape") or not all(d.HasField("dim_value") for d in dims):
+        raise CompileError(f"{what} {tensor!r} has no static shape after shape inference")
+    return tuple(d.dim_value for d in dims), dtype
+
+
+def _constant_data(node: onnx.NodeProto) -> np.ndarray:
+    attr = node.attribute[0]
+    if attr.name == "value":
+        return numpy_helper.to_array(attr.t)
+    if attr.name in ("value_float", "value_floats"):
+        return np.array(helper.get_attribute_value(attr), dtype=np.float32)
+    if attr.name in ("value_int", "value_ints"):
+        return np.array(helper.get_attribute_value(attr), dtype=np.int64)
+    # Sparse and string constants are rare: let the reference implementation decode them.
+    return _evaluate_proto(node, {}, node.name)[0]
+
+
+def _node(graph: Graph, proto: onnx.NodeProto, types: Mapping[str, onnx.TypeProto],
+          read: set[str]) -> Node:
+    where = f"{proto.op_type} node {proto.name!r}"
+    outputs = []
+    for out in proto.output:
+        if out and out not in types and out not in read:
+            out = ""  # an optional output nobody reads and inference did not type
+        if out:
+            if out not in types:
+                raise CompileError(f"shape inference gave no shape for output {out!r} of "
+                                   f"{where}; the compiler needs static shapes everywhere",
+                                   op=proto.name)
+            shape, dtype = _static_type(types[out], out, f"output of {where}")
+            graph.add_value(out, shape, dtype)
+        outputs.append(out)
+    while outputs and not outputs[-1]:
+        outputs.pop()
+    attrs = {a.name: _attr_value(a) for a in proto.attribute}
+    return Node(proto.op_type, proto.name, list(proto.input), outputs, attrs,
+                "" if proto.domain in _DEFAULT_DOMAINS else proto.domain)
+
+
+def _attr_value(attr: AttributeProto) -> Any:
+    """An attribute as plain Python: numbers, lists, str, numpy arrays for tensors."""
+    value = helper.get_attribute_value(attr)
+    if attr.type == AttributeProto.TENSOR:
+        return numpy_helper.to_array(value)
+    if attr.type == AttributeProto.TENSORS:
+        return [numpy_helper.to_array(t) for t in value]
+    if attr.type == AttributeProto.STRING:
+        return value.decode()
+    if attr.type == AttributeProto.STRINGS:
+        return [s.decode() for s in value]
+    if attr.type in (AttributeProto.INTS, AttributeProto.FLOATS):
+        return list(value)
+    return value
+
+
+def _check_conv(graph: Graph, node: Node) -> None:
+    """ONNX's shape inference takes Conv's kernel_shape and group on trust; onnxruntime
+    fails at run time if they disagree with the weights, so check here."""
+    x, w = graph.values[node.inputs[0]].shape, graph.values[node.inputs[1]].shape
+    group = node.attr("group", 1)
+    kernel = node.attr("kernel_shape")
+    problem = None
+    if len(x) != len(w):
+        problem = f"input rank {len(x)} but weight rank {len(w)}"
+    elif kernel is not None and tuple(kernel) != w[2:]:
+        problem = f"kernel_shape {list(kernel)} but weights of shape {list(w)}"
+    elif x[1] != w[1] * group or w[0] % group:
+        problem = (f"group {group}, which does not fit input channels {x[1]} and weights of shape "
+                   f"{list(w)} (need C_in == W.shape[1] * group and W.shape[0] % group == 0)")
+    if problem:
+        raise CompileError(f"Conv node {node.name!r} has {problem}; fix its attributes or "
+                           f"weights", op=node.name)
+
+
+# ------------------------------------------------------------------- constant folding
+def fold_constants(graph: Graph) -> int:
+    """Evaluate every node whose inputs are all constants and make its outputs constants.
+
+    ``Shape`` and ``Size`` fold whatever their input, since shapes are static: that turns
+    the ``Shape -> Gather -> Unsqueeze -> Concat -> Reshape`` of PyTorch's flatten into
+    one Reshape with a constant shape.
+
+    Keeps QuantizeLinear/DequantizeLinear (quantized weights stay int8 behind their
+    DequantizeLinear), random ops and nodes whose outputs exceed
+    :data:`FOLD_LIMIT_BYTES`. Nodes are evaluated by onnx's reference implementation,
+    so every ONNX op folds. Returns the number of nodes folded (and removed).
+    """
+    folded = []
+    for node in graph.nodes:
+        if _foldable(graph, node):
+            outputs = [o for o in node.outputs if o]
+            feeds = {i: _feed(graph.values[i]) for i in node.inputs if i}
+            results = _evaluate_proto(_node_proto(node), feeds, node.name)
+            for name, data in zip(outputs, results):
+                _set_const(graph, node, name, data)
+            folded.append(node)
+    graph.remove_nodes(folded)
+    return len(folded)
+
+
+def _foldable(graph: Graph, node: Node) -> bool:
+    inputs = [i for i in node.inputs if i]
+    if node.op in _NO_FOLD or node.domain or not inputs:
+        return False
+    if node.op not in _SHAPE_ONLY and not all(graph.values[i].is_const for i in inputs):
+        return False
+    out_bytes = sum(graph.values[o].size * np.dtype(graph.values[o].dtype).itemsize
+                    for o in node.outputs if o)
+    return out_bytes <= FOLD_LIMIT_BYTES
+
+
+def _feed(value: Value) -> np.ndarray:
+    # np.empty maps no memory for the shape-only ops' placeholder inputs.
+    return value.data if value.is_const else np.empty(value.shape, value.dtype)
+
+
+def _set_const(graph: Graph, node: Node, name: str, data: Any) -> None:
+    value = graph.values[name]
+    data = np.asarray(data)
+    if data.shape != value.shape:
+        raise CompileError(f"folding {node}: output {name!r} evaluates to shape "
+                           f"{list(data.shape)}, but shape inference said {list(value.shape)}",
+                           op=node.name)
+    graph.add_value(name, value.shape, value.dtype, data.astype(value.dtype, copy=False))
+
+
+def _evaluate_proto(node: onnx.NodeProto, feeds: Mapping[str, np.ndarray],
+                    name: str) -> list[np.ndarray]:
+    """Run one node with onnx's reference evaluator (a one-node model)."""
+    inputs = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype),
+                                            v.shape) for k, v in feeds.items()]
+    outputs = [helper.make_empty_tensor_value_info(o) for o in node.output if o]
+    model = helper.make_model(helper.make_graph([node], "fold", inputs, outputs),
+                              opset_imports=[helper.make_opsetid("", IR_OPSET)])
+    try:
+        return list(ReferenceEvaluator(model).run(None, dict(feeds)))
+    except Exception as exc:  # the reference ops raise whatever numpy raises
+        raise CompileError(f"{node.op_type} node {name!r} has constant inputs but cannot be "
+                           f"evaluated to fold it ({type(exc).__name__}: {exc}); check its "
+                           f"attributes and inputs", op=name) from exc
+
+
+# ------------------------------------------------------------------------ export
+def to_onnx(graph: Graph, opset: int = IR_OPSET) -> onnx.ModelProto:
+    """The graph as an ONNX model (constants as initializers) that onnxruntime can run.
+
+    The graph is written at opset :data:`IR_OPSET` and converted to ``opset`` when that
+    differs (onnx's converter lacks some downgrades, e.g. Relu to 13). Raises :class:`CompileError` if the graph fails :meth:`Graph.verify`.
+    """
+    graph.verify()
+    used = set(graph.outputs) | {t for n in graph.nodes for t in n.inputs}
+    boundary = set(graph.inputs) | set(graph.outputs)
+    initializers = [numpy_helper.from_array(v.data, v.name) for v in graph.values.values()
+                    if v.is_const and v.name in used]
+    value_info = [_value_info(v) for v in graph.values.values()
+                  if not v.is_const and v.name not in boundary]
+    proto = helper.make_graph(
+        [_node_proto(n) for n in graph.nodes], graph.name,
+        [_value_info(graph.values[i]) for i in graph.inputs],
+        [_value_info(graph.values[o]) for o in graph.outputs],
+        initializers, value_info=value_info)
+    domains = sorted({n.domain for n in graph.nodes if n.domain})
+    opsets = [helper.make_opsetid("", IR_OPSET)] + [helper.make_opsetid(d, 1) for d in domains]
+    model = helper.make_model(proto, opset_imports=opsets, producer_name="tessera")
+    model.ir_version = helper.find_min_ir_version_for(opsets)
+    if opset != IR_OPSET:
+        try:
+            model = onnx.version_converter.convert_version(model, opset)
+        except Exception as exc:  # the converter raises bare RuntimeErrors and others
+            raise CompileError(f"graph {graph.name!r} cannot be written at opset {opset} "
+                               f"({exc}); write it at opset {IR_OPSET}") from exc
+    return model
+
+
+def _value_info(value: Value) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(
+        value.name, helper.np_dtype_to_tensor_dtype(np.dtype(value.dtype)), value.shape)
+
+
+def _node_proto(node: Node) -> onnx.NodeProto:
+    proto = helper.make_node(node.op, node.inputs, node.outputs, name=node.name,
+                             domain=node.domain or None)
+    types = _attr_types(node)
+    proto.attribute.extend(_make_attribute(k, v, types.get(k)) for k, v in node.attrs.items())
+    return proto
+
+
+def _attr_types(node: Node) -> dict[str, int]:
+    """Attribute types from the op schema: a Python value alone cannot tell an empty INTS
+    from an empty FLOATS, nor a FLOAT that holds 1 from an INT."""
+    try:
+        schema = onnx.defs.get_schema(node.op, IR_OPSET, node.domain)
+    except onnx.defs.SchemaError:
+        return {}
+    return {k: int(a.type.value) for k, a in schema.attributes.items()}
+
+
+def _make_attribute(key: str, value: Any, attr_type: int | None) -> AttributeProto:
+    if isinstance(value, np.ndarray):
+        return helper.make_attribute(key, numpy_helper.from_array(value))
+    if attr_type == AttributeProto.TENSORS:
+        return helper.make_attribute(key, [numpy_helper.from_array(np.asarray(v))
+                                           for v in value], attr_type=attr_type)
+    if attr_type == AttributeProto.FLOAT:
+        return helper.make_attribute(key, float(value))
+    if attr_type == AttributeProto.INT:
+        return helper.make_attribute(key, int(value))
+    if attr_type == AttributeProto.FLOATS:
+        return helper.make_attribute(key, [float(v) for v in value], attr_type=attr_type)
+    if attr_type == AttributeProto.INTS:
+        return helper.make_attribute(key, [int(v) for v in value], attr_type=attr_type)
+    return helper.make_attribute(key, value, attr_type=attr_type)
