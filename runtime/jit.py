@@ -75,6 +75,13 @@ class JitModule:
             raise CpuKernelError(f"compiled module has no function {name!r}")
         return addr
 
+    def global_address(self, name: str) -> int:
+        """Address of global variable ``name``; CpuKernelError if the module has none."""
+        addr = self._engine.get_global_value_address(name)
+        if not addr:
+            raise CpuKernelError(f"compiled module has no global {name!r}")
+        return addr
+
 
 class Jit:
     """Compiles LLVM IR for the host CPU. ``stats`` counts memory hits, disk hits and
