@@ -23,17 +23,14 @@ block's output is ``<block>.out``, so tests can expose any layer.
 """
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import onnx
 from numpy.lib.stride_tricks import sliding_window_view
 from onnx import TensorProto, helper, numpy_helper
-from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat,
-                                      QuantType, quantize_static)
-from onnxruntime.quantization.shape_inference import quant_pre_process
+
+from .quantize import quantize_static
 
 OPSET = 17
 #: The IR version onnx pairs with opset 17 (onnx 1.12); onnxruntime 1.31 reads it.
@@ -391,41 +388,14 @@ def mac_count(model: onnx.ModelProto) -> int:
                for node in model.graph.node if node.op_type in ("Conv", "Gemm"))
 
 
-class _Feeds(CalibrationDataReader):
-    """onnxruntime's calibration reader over a list of input feeds."""
-
-    def __init__(self, feeds: Sequence[dict[str, np.ndarray]]) -> None:
-        self._feeds: Iterator[dict[str, np.ndarray]] = iter(feeds)
-
-    def get_next(self) -> Optional[dict[str, np.ndarray]]:
-        return next(self._feeds, None)
-
-
 def to_qdq(model: onnx.ModelProto, calibration: Sequence[dict[str, np.ndarray]],
            per_channel: bool = True) -> onnx.ModelProto:
     """onnxruntime's static int8 QDQ quantization of ``model``: the compiler's golden reference.
 
-    First onnxruntime's pre-processing (shape inference and basic graph optimisation) folds
-    every BatchNormalization into its convolution, as the compiler does, so the weights
-    quantized are the folded ones. Then ``quantize_static`` with MinMax calibration over
-    ``calibration``: int8 activations (asymmetric: per-tensor scale and zero point) and
-    int8 weights (symmetric, zero point 0; per output channel unless ``per_channel`` is
-    False), int32 biases. ReLU/ReLU6 disappear into their producer's output range, as
-    onnxruntime does by default. Run the result with the session config entry
-    ``session.qdqisint8allowed = 1`` so onnxruntime's int8 kernels (not float fallbacks) run.
+    :func:`tessera.compiler.quantize.quantize_static` (see it for the scheme: BN folded by
+    onnxruntime's pre-processing, MinMax calibration, int8 activations asymmetric, int8
+    weights symmetric and per output channel unless ``per_channel`` is False, int32
+    biases). Run the result with the session config entry ``session.qdqisint8allowed = 1``
+    so onnxruntime's int8 kernels (not float fallbacks) run.
     """
-    with tempfile.TemporaryDirectory(prefix="tessera-qdq-") as tmp:
-        source, folded, quantized = (Path(tmp) / f for f in ("float.onnx", "folded.onnx",
-                                                             "qdq.onnx"))
-        # From a file: given a ModelProto, quant_pre_process moves its weights out to
-        # external data in place, breaking the caller's model. Symbolic shape inference
-        # (which needs sympy) is for dynamic shapes; the zoo's are static.
-        onnx.save(model, str(source))
-        quant_pre_process(str(source), str(folded), skip_symbolic_shape=True)
-        quantize_static(str(folded), str(quantized), _Feeds(calibration),
-                        quant_format=QuantFormat.QDQ, per_channel=per_channel,
-                        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
-                        calibrate_method=CalibrationMethod.MinMax,
-                        # The defaults, pinned: the compiler's int8 arithmetic assumes them.
-                        extra_options={"ActivationSymmetric": False, "WeightSymmetric": True})
-        return onnx.load(str(quantized))
+    return quantize_static(model, calibration, per_channel=per_channel)

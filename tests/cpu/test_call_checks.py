@@ -13,10 +13,10 @@ import pytest
 from tessera.compiler.cpu.elementwise import E, fused_elementwise
 from tessera.compiler.cpu.kernel import TensorSpec
 from tessera.errors import CpuKernelError
-from tessera.runtime import cpu
+from tessera.runtime import cpu_abi
 from tessera.runtime.cpu import load_kernel
 
-pytestmark = pytest.mark.skipif(not cpu._NATIVE_CHECKS,
+pytestmark = pytest.mark.skipif(not cpu_abi.NATIVE_CHECKS,
                                 reason="numpy's array layout is not verified here")
 
 
@@ -181,25 +181,25 @@ def test_rejections_keep_reference_counts_balanced(scale_add):
 
 class _SwappedFields(ctypes.Structure):
     """``_ArrayFields`` with ``nd`` and ``flags`` swapped: a layout that must not pass."""
-    _fields_ = [(name, cpu._ArrayFields._fields_[k][1]) for name, k in
+    _fields_ = [(name, cpu_abi._ArrayFields._fields_[k][1]) for name, k in
                 [("head", 0), ("data", 1), ("flags", 2), ("dimensions", 3), ("strides", 4),
                  ("base", 5), ("descr", 6), ("nd", 7)]]
 
 
 def test_layout_probe_holds_and_catches_a_wrong_layout(monkeypatch):
-    assert cpu._array_layout_holds()
-    monkeypatch.setattr(cpu, "_ArrayFields", _SwappedFields)
-    assert not cpu._array_layout_holds()
+    assert cpu_abi.array_layout_holds()
+    monkeypatch.setattr(cpu_abi, "_ArrayFields", _SwappedFields)
+    assert not cpu_abi.array_layout_holds()
     monkeypatch.undo()
-    monkeypatch.setattr(cpu, "_WRITEABLE", 0x800)
-    assert not cpu._array_layout_holds()
+    monkeypatch.setattr(cpu_abi, "_WRITEABLE", 0x800)
+    assert not cpu_abi.array_layout_holds()
     monkeypatch.undo()
-    monkeypatch.setattr(cpu, "_TYPE_OFFSET", cpu._TYPE_OFFSET - 8)
-    assert not cpu._array_layout_holds()
+    monkeypatch.setattr(cpu_abi, "_TYPE_OFFSET", cpu_abi._TYPE_OFFSET - 8)
+    assert not cpu_abi.array_layout_holds()
 
 
 def test_failed_probe_falls_back_to_the_python_checks(monkeypatch):
-    monkeypatch.setattr(cpu, "_NATIVE_CHECKS", False)
+    monkeypatch.setattr(cpu_abi, "NATIVE_CHECKS", False)
     spec = TensorSpec((2, 3), "float32")
     kernel = load_kernel(fused_elementwise(E.input(0) * 2.0 + E.input(1), [spec, spec],
                                            name="scale_add"))

@@ -221,8 +221,8 @@ def test_tensor_spec_validates_and_describes():
 
 
 def test_ctypes_fallback_path_gives_the_same_results(monkeypatch):
-    from tessera.runtime import cpu
-    monkeypatch.setattr(cpu, "_FAST_CALL", False)
+    from tessera.runtime import cpu_abi
+    monkeypatch.setattr(cpu_abi, "FAST_CALL", False)
     spec = TensorSpec((5,), "int8")
     kernel = load_kernel(fused_elementwise(E.input(0) * 3 - 1, [spec]))
     assert not kernel._fast

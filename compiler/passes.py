@@ -1,0 +1,166 @@
+"""Graph passes over the IR (:mod:`.graph`): :func:`fold_batch_norm`, :func:`remove_identity`.
+
+Each pass rewrites a :class:`~.graph.Graph` in place, returns how many rewrites it made
+and leaves :meth:`~.graph.Graph.verify` true. Tensor names that are graph outputs keep
+their names, so a pass never changes a model's interface; the tests check every pass by
+running :func:`~.onnx_import.to_onnx` of its result in onnxruntime against the original.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .graph import Graph, Node
+
+__all__ = ["fold_batch_norm", "remove_identity"]
+
+
+# ------------------------------------------------------------------ batch norm folding
+def fold_batch_norm(graph: Graph) -> int:
+    """Fold each inference ``BatchNormalization`` into the ``Conv`` or ``Gemm`` before it.
+
+    ``y = (conv(x, W) + b - mean) * s + beta`` with ``s = scale / sqrt(var + epsilon)`` is
+    ``conv(x, W * s) + (b - mean) * s + beta``: one Conv with scaled weights (per output
+    channel) and a new bias, which the Conv gains if it had none. The arithmetic is in
+    float64, rounded once to the weights' dtype. A Gemm folds when it is the plain dense
+    layer ``A @ B.T + C`` (transB=1, no transA, alpha 1, beta 1 or no C); B's rows scale.
+
+    A BatchNormalization stays (unfolded) when its input comes from another op, when that
+    Conv/Gemm output is read elsewhere too or is a graph output, when its parameters or
+    the weights are not constants (e.g. behind a DequantizeLinear), in training mode or
+    with its running-statistics outputs. Returns the number of BatchNormalizations folded.
+    """
+    folded = 0
+    for bn in [n for n in graph.nodes if n.op == "BatchNormalization"]:
+        layer = _foldable_layer(graph, bn)
+        if layer is not None:
+            _fold(graph, layer, bn)
+            folded += 1
+    return folded
+
+
+def _foldable_layer(graph: Graph, bn: Node) -> Node | None:
+    """The Conv or Gemm ``bn`` can fold into, or None."""
+    params = bn.inputs[1:5]
+    if (bn.attr("training_mode", 0) or len(bn.outputs) != 1 or len(params) != 4
+            or any(graph.const(p) is None for p in params)):
+        return None
+    x = bn.inputs[0]
+    layer = graph.producer(x)
+    if (layer is None or x in graph.outputs or len(layer.outputs) != 1
+            or graph.consumers(x) != [bn]):
+        return None
+    simple = {"Conv": _simple_conv, "Gemm": _simple_gemm}.get(layer.op)
+    channels = graph.values[x].shape[1]
+    if simple is None or not simple(graph, layer, channels):
+        return None
+    return layer
+
+
+def _simple_conv(graph: Graph, conv: Node, channels: int) -> bool:
+    weight, bias = graph.const(conv.input(1)), conv.input(2)
+    return (_is_float(weight) and weight.shape[0] == channels
+            and (not bias or _is_float(graph.const(bias))))
+
+
+def _simple_gemm(graph: Graph, gemm: Node, channels: int) -> bool:
+    weight, bias = graph.const(gemm.input(1)), gemm.input(2)
+    plain = (gemm.attr("transB", 0) == 1 and gemm.attr("transA", 0) == 0
+             and gemm.attr("alpha", 1.0) == 1.0 and (not bias or gemm.attr("beta", 1.0) == 1.0))
+    # A bias broadcast from a scalar or a column cannot hold one value per output.
+    bias_ok = not bias or (_is_float(graph.const(bias))
+                           and graph.values[bias].shape in ((channels,), (1, channels)))
+    return plain and bias_ok and _is_float(weight) and weight.shape[0] == channels
+
+
+def _is_float(data: np.ndarray | None) -> bool:
+    return data is not None and np.issubdtype(data.dtype, np.floating)
+
+
+def _fold(graph: Graph, layer: Node, bn: Node) -> None:
+    """Give ``layer`` the folded weight and bias and ``bn``'s output; drop ``bn``."""
+    weight_name, bias_name = layer.input(1), layer.input(2)
+    dtype = graph.values[weight_name].dtype
+    weight, bias = _folded_parameters(graph, layer, bn)
+    if bias_name:
+        bias = bias.reshape(graph.values[bias_name].shape)
+    # New constants: the old ones may be shared with other layers.
+    new_weight = _add_const(graph, f"{layer.name}.weight_bn", weight, dtype)
+    new_bias = _add_const(graph, f"{layer.name}.bias_bn", bias, dtype)
+    old_output = layer.outputs[0]
+    layer.inputs = [layer.inputs[0], new_weight, new_bias]
+    layer.outputs = [bn.outputs[0]]
+    graph.remove_nodes([bn])
+    _forget_unused(graph, [old_output, weight_name, bias_name, *bn.inputs[1:5]])
+
+
+def _folded_parameters(graph: Graph, layer: Node, bn: Node) -> tuple[np.ndarray, np.ndarray]:
+    """The weight and (1-D) bias of ``layer`` followed by ``bn``, in float64."""
+    scale, beta, mean, var = (graph.const(p).astype(np.float64) for p in bn.inputs[1:5])
+    s = scale / np.sqrt(var + bn.attr("epsilon", 1e-5))
+    weight = graph.const(layer.input(1)).astype(np.float64)
+    channels = weight.shape[0]
+    bias = (graph.const(layer.input(2)).astype(np.float64).reshape(channels)
+            if layer.input(2) else np.zeros(channels))
+    # Per output channel: axis 0 of a Conv weight (out, in/group, k...) and of Gemm's B.T.
+    return weight * s.reshape((channels,) + (1,) * (weight.ndim - 1)), (bias - mean) * s + beta
+
+
+def _add_const(graph: Graph, base: str, data: np.ndarray, dtype: str) -> str:
+    """A new constant named after ``base`` holding ``data`` cast to ``dtype``."""
+    name = graph.unique_name(base)
+    graph.add_const(name, data.astype(dtype))
+    return name
+
+
+# ------------------------------------------------------------------- identity removal
+def remove_identity(graph: Graph) -> int:
+    """Remove ``Identity`` and inference ``Dropout`` nodes; their readers read their input.
+
+    When the removed node's output is a graph output, the output keeps its name: the node
+    producing the input outputs it instead. The node stays when that is impossible (its
+    input is a graph input, a constant or another graph output), as does a Dropout in
+    training mode or whose mask output is read. Returns the number of nodes removed.
+    """
+    removed = 0
+    for node in [n for n in graph.nodes if n.op in ("Identity", "Dropout")]:
+        if _is_pass_through(graph, node) and _bypass(graph, node):
+            removed += 1
+    return removed
+
+
+def _is_pass_through(graph: Graph, node: Node) -> bool:
+    """True if ``node`` copies its input to its (single read) output."""
+    if node.op == "Identity":
+        return True
+    # Dropout(data, ratio, training_mode): an identity unless training_mode is true.
+    training = node.input(2)
+    in_training = bool(training) and (graph.const(training) is None
+                                      or bool(graph.const(training)))
+    mask = node.outputs[1] if len(node.outputs) > 1 else ""
+    mask_read = bool(mask) and (mask in graph.outputs or bool(graph.consumers(mask)))
+    return not in_training and not mask_read
+
+
+def _bypass(graph: Graph, node: Node) -> bool:
+    """Rewire the readers of ``node`` to its input and remove it; False if it must stay."""
+    source, output = node.inputs[0], node.outputs[0]
+    if output not in graph.outputs:
+        graph.rename_uses(output, source)
+    else:
+        producer = graph.producer(source)
+        if producer is None or source in graph.outputs:
+            return False
+        # The graph output's name is the model's interface: the producer takes it over.
+        producer.outputs = [output if o == source else o for o in producer.outputs]
+        graph.rename_uses(source, output)
+    graph.remove_nodes([node])
+    _forget_unused(graph, [source, *node.outputs, *node.inputs[1:]])
+    return True
+
+
+def _forget_unused(graph: Graph, names: list[str]) -> None:
+    """Drop the values of ``names`` that nothing defines or reads any more."""
+    boundary = set(graph.inputs) | set(graph.outputs)
+    for name in set(names) - boundary - {""}:
+        if name in graph.values and not graph.consumers(name) and graph.producer(name) is None:
+            del graph.values[name]

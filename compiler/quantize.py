@@ -1,0 +1,151 @@
+"""Static int8 quantization of float ONNX models: :func:`quantize_static`, :func:`is_quantized`.
+
+The compiler's int8 arithmetic is that of onnxruntime's QDQ format, so quantization is
+onnxruntime's own, with its options pinned to what the compiler assumes:
+
+* activations int8, asymmetric (per-tensor scale and zero point);
+* weights int8, symmetric (zero point 0), per output channel unless ``per_channel=False``;
+* biases int32 (scale = input scale x weight scale, zero point 0);
+* BatchNormalization folded into its convolution first (``quant_pre_process``), so the
+  weights quantized are the folded ones;
+* MinMax calibration over the given input feeds.
+
+ReLU/ReLU6 disappear into their producer's output range, as onnxruntime does by default.
+Run the result in onnxruntime with the session config entry ``session.qdqisint8allowed =
+1`` so its int8 kernels (not float fallbacks) run.
+"""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Iterator, Mapping, Optional, Sequence
+
+import numpy as np
+import onnx
+from onnx import helper
+from onnxruntime import quantization as ortq
+from onnxruntime.quantization.shape_inference import quant_pre_process
+
+from tessera.errors import CompileError
+
+from .graph import Graph
+
+__all__ = ["QDQ_OPS", "is_quantized", "quantize_static"]
+
+#: The ops a QDQ model marks its quantized tensors with.
+QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
+
+Feed = Mapping[str, np.ndarray]
+
+
+def quantize_static(model: onnx.ModelProto, calibration: Sequence[Feed], *,
+                    per_channel: bool = True) -> onnx.ModelProto:
+    """``model`` quantized to int8 QDQ by onnxruntime, calibrated on ``calibration``.
+
+    ``calibration`` is a non-empty sequence of input feeds (input name -> array with the
+    model's shape and dtype, finite); see the module doc for the quantization scheme.
+    ``model`` is not modified. Raises :class:`CompileError` naming the sample and input
+    when the calibration data is wrong.
+    """
+    samples = _checked_samples(model, calibration)
+    with tempfile.TemporaryDirectory(prefix="tessera-qdq-") as tmp:
+        source, folded, quantized = (Path(tmp) / f for f in ("float.onnx", "folded.onnx",
+                                                             "qdq.onnx"))
+        # Through files: given a ModelProto, quant_pre_process moves its weights out to
+        # external data in place, breaking the caller's model. Symbolic shape inference
+        # (which needs sympy) is for dynamic shapes; the compiler's are static.
+        onnx.save(model, str(source))
+        quant_pre_process(str(source), str(folded), skip_symbolic_shape=True)
+        ortq.quantize_static(str(folded), str(quantized), _Feeds(samples),
+                             quant_format=ortq.QuantFormat.QDQ, per_channel=per_channel,
+                             activation_type=ortq.QuantType.QInt8,
+                             weight_type=ortq.QuantType.QInt8,
+                             calibrate_method=ortq.CalibrationMethod.MinMax,
+                             # The defaults, pinned: the compiler's int8 arithmetic assumes them.
+                             extra_options={"ActivationSymmetric": False,
+                                            "WeightSymmetric": True})
+        return onnx.load(str(quantized))
+
+
+def is_quantized(graph: Graph) -> bool:
+    """True if the graph holds QuantizeLinear or DequantizeLinear nodes (a QDQ model)."""
+    return any(node.op in QDQ_OPS for node in graph.nodes)
+
+
+# --------------------------------------------------------------- calibration checks
+def _checked_samples(model: onnx.ModelProto, calibration: Sequence[Feed]) -> list[Feed]:
+    """The calibration samples as a list; :class:`CompileError` unless every sample feeds
+    every model input an array of its shape and dtype with finite values (onnxruntime's
+    calibrator would fail later naming neither sample nor input, or calibrate on NaN)."""
+    if isinstance(calibration, Mapping):
+        raise CompileError("calibration is a single feed; pass a list of feeds "
+                           "[{input name: array}, ...]")
+    samples = list(calibration)
+    if not samples:
+        raise CompileError("quantization needs calibration data: a non-empty list of input "
+                           "feeds [{input name: array}, ...], e.g. a few hundred real inputs")
+    expected = _model_inputs(model)
+    for index, sample in enumerate(samples):
+        _check_sample(index, sample, expected)
+    return samples
+
+
+def _model_inputs(model: onnx.ModelProto) -> dict[str, tuple[tuple[int | None, ...], np.dtype]]:
+    """Each model input (not initializer) with its shape (None for a dynamic dim) and dtype."""
+    constants = {t.name for t in model.graph.initializer}
+    inputs = {}
+    for value in model.graph.input:
+        if value.name in constants:
+            continue
+        ttype = value.type.tensor_type
+        shape = tuple(d.dim_value if d.HasField("dim_value") else None
+                      for d in ttype.shape.dim)
+        inputs[value.name] = shape, np.dtype(helper.tensor_dtype_to_np_dtype(ttype.elem_type))
+    return inputs
+
+
+def _check_sample(index: int, sample: Feed,
+                  expected: Mapping[str, tuple[tuple[int | None, ...], np.dtype]]) -> None:
+    where = f"calibration sample {index}"
+    if not isinstance(sample, Mapping):
+        raise CompileError(f"{where} is a {type(sample).__name__}, not a feed {{input name: "
+                           f"array}}")
+    missing = [name for name in expected if name not in sample]
+    if missing:
+        raise CompileError(f"{where} lacks input {missing[0]!r}; the model's inputs are "
+                           f"{list(expected)}")
+    extra = [name for name in sample if name not in expected]
+    if extra:
+        raise CompileError(f"{where} feeds {extra[0]!r}, which is not an input of the model; "
+                           f"its inputs are {list(expected)}")
+    for name, (shape, dtype) in expected.items():
+        _check_array(f"{where}, input {name!r},", sample[name], shape, dtype)
+
+
+def _check_array(where: str, array: np.ndarray, shape: tuple[int | None, ...],
+                 dtype: np.dtype) -> None:
+    if not isinstance(array, np.ndarray):
+        raise CompileError(f"{where} is a {type(array).__name__}, not a numpy array")
+    model_dims = ["?" if d is None else d for d in shape]
+    if len(array.shape) != len(shape) or any(
+            d is not None and d != a for d, a in zip(shape, array.shape)):
+        raise CompileError(f"{where} has shape {list(array.shape)}, but the model declares "
+                           f"{model_dims}")
+    if array.dtype != dtype:
+        raise CompileError(f"{where} has dtype {array.dtype}, but the model takes {dtype}; "
+                           f"convert it with .astype(np.{dtype})")
+    if np.issubdtype(dtype, np.floating) and not np.isfinite(array).all():
+        bad = int(np.size(array) - np.isfinite(array).sum())
+        raise CompileError(f"{where} holds {bad} NaN or infinite values; calibration "
+                           f"ranges need finite data")
+
+
+class _Feeds(ortq.CalibrationDataReader):
+    """onnxruntime's calibration reader over a list of input feeds."""
+
+    def __init__(self, feeds: Sequence[Feed]) -> None:
+        self._feeds: Iterator[Feed] = iter(feeds)
+
+    def get_next(self) -> Optional[dict[str, np.ndarray]]:
+        feed = next(self._feeds, None)
+        return None if feed is None else dict(feed)

@@ -1,0 +1,365 @@
+"""How compiled kernels are called from Python: the CPython calling-convention glue of
+:mod:`tessera.runtime.cpu`.
+
+Call overhead matters: memory-bound kernels on 1e6 elements take ~40-200 us, a 1x1000
+softmax ~3 us, and a ctypes call with ``ndarray.ctypes.data`` costs ~5 us here. So each
+kernel is compiled together with a small wrapper, ``tessera.pycall``, which is a Python
+builtin function in its own right (CPython ``METH_FASTCALL`` calling convention): it
+takes the ndarray objects, reads each buffer pointer from the object (numpy keeps it
+right after the object header), releases the GIL around the kernel like a numpy ufunc,
+and returns None. It is wrapped with ``PyCFunction_NewEx``; a call then costs ~0.1 us.
+The header layout is verified once at import on a probe array; if it does not hold,
+calls go through ctypes with addresses.
+
+Checking the arguments in Python costs more than numpy's whole ``x + y`` on a small
+array (~1 us for two inputs vs ~0.6 us), so each kernel also gets
+``tessera.pycall.checked``, used by calls on one thread, which checks them itself from
+numpy's ``PyArrayObject`` fields (type, dtype, shape, flags, output overlap; the layout
+is numpy's ABI, verified at import on probe arrays, see :func:`array_layout_holds`).
+A call then costs ~0.8 us (0.7 with ``out=``), from ~2 (~4.5). On any mismatch it runs
+nothing and returns ``NotImplemented``; the Python checks then copy what can be copied
+or raise the detailed error. The process addresses it compares against (the ndarray
+type, the dtype singletons, ``NotImplemented``) are written into a global of the
+compiled module after loading, so the IR text (a disk cache key) holds none.
+
+Kernels with a parallel form (``CpuKernel.parallel``) also get ``tessera.parallel``,
+which splits the parallel loop into near-equal slices, runs slice 0 on the calling
+thread and the rest on threads made with ``pthread_create`` (libc, resolved by MCJIT in
+the process), and joins them before returning. There is no persistent pool: nothing to
+leak, to lock between Python threads, or to rebuild after ``fork``; the price is
+~50 us per call for thread start-up, so only large kernels use it (``tessera.runtime.cpu.auto_threads``).
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import Callable, Sequence
+
+import numpy as np
+
+from tessera.compiler.cpu.kernel import CpuKernel, TensorSpec
+
+PY_ENTRY = "tessera.pycall"
+PY_PAR_ENTRY = "tessera.pycall.parallel"
+PAR_ENTRY = "tessera.parallel"
+_DATA_OFFSET = object.__basicsize__    # PyArrayObject: PyObject_HEAD, then char *data
+_METH_FASTCALL = 0x0080
+#: C types the wrappers pass to CPython and libc, sized for this host: a PYNQ-Z1/Z2
+#: runs 32-bit ARM Linux, where both are 32 bits.
+_SSIZE_T = f"i{8 * ctypes.sizeof(ctypes.c_ssize_t)}"     # Py_ssize_t
+_PTHREAD_T = f"i{8 * ctypes.sizeof(ctypes.c_ulong)}"     # pthread_t on Linux
+
+
+class _PyMethodDef(ctypes.Structure):
+    _fields_ = [("ml_name", ctypes.c_char_p), ("ml_meth", ctypes.c_void_p),
+                ("ml_flags", ctypes.c_int), ("ml_doc", ctypes.c_char_p)]
+
+
+class _ArrayFields(ctypes.Structure):
+    """numpy's ``PyArrayObject_fields``: what its C macros (``PyArray_DATA``,
+    ``PyArray_NDIM``, ...) read in compiled extensions, so a stable part of its ABI."""
+    _fields_ = [("head", ctypes.c_byte * object.__basicsize__), ("data", ctypes.c_void_p),
+                ("nd", ctypes.c_int), ("dimensions", ctypes.c_void_p),
+                ("strides", ctypes.c_void_p), ("base", ctypes.c_void_p),
+                ("descr", ctypes.c_void_p), ("flags", ctypes.c_int)]
+
+
+_PTR_SIZE = ctypes.sizeof(ctypes.c_void_p)
+_TYPE_OFFSET = object.__basicsize__ - _PTR_SIZE     # ob_type ends PyObject_HEAD
+_C_CONTIGUOUS, _ALIGNED, _WRITEABLE = 0x1, 0x100, 0x400     # NPY_ARRAY_* flags
+CHECKED_ENTRY = "tessera.pycall.checked"
+EXPECT = "tessera.expect"
+
+
+def _fields_match(a: np.ndarray) -> bool:
+    """True if ``_ArrayFields`` read from ``a``'s object agree with what numpy reports."""
+    f = _ArrayFields.from_address(id(a))
+    if ctypes.c_void_p.from_address(id(a) + _TYPE_OFFSET).value != id(type(a)):
+        return False
+    shape = strides = ()
+    if a.ndim:
+        shape = tuple((ctypes.c_ssize_t * a.ndim).from_address(f.dimensions))
+        strides = tuple((ctypes.c_ssize_t * a.ndim).from_address(f.strides))
+    base = id(a.base) if a.base is not None else None
+    return (f.data == a.ctypes.data and f.nd == a.ndim and shape == a.shape
+            and strides == a.strides and f.base == base and f.descr == id(a.dtype)
+            and f.flags == a.flags.num)
+
+
+def array_layout_holds() -> bool:
+    """True if ndarray objects are laid out as ``_ArrayFields`` says and the flag bits
+    are the ones the checked wrapper tests, on probes that differ in every field."""
+    owner = np.arange(12, dtype=np.float32).reshape(3, 4)
+    frozen = np.zeros(5, np.int32)
+    frozen.flags.writeable = False
+    probes = [owner, owner.T, owner[::2, 1:], np.zeros((), np.int8), frozen]
+    if not all(_fields_match(a) for a in probes):
+        return False
+    want = _C_CONTIGUOUS | _ALIGNED | _WRITEABLE
+    unaligned = np.frombuffer(bytearray(9), np.int32, 2, 1)
+    return (owner.flags.num & want == want and owner.T.flags.num & _C_CONTIGUOUS == 0
+            and frozen.flags.num & _WRITEABLE == 0 and unaligned.flags.num & _ALIGNED == 0)
+
+
+def _fast_call_available() -> bool:
+    probe = np.arange(3.0)
+    if ctypes.c_void_p.from_address(id(probe) + _DATA_OFFSET).value != probe.ctypes.data:
+        return False
+    return all(hasattr(ctypes.pythonapi, f) for f in
+               ("PyCFunction_NewEx", "PyEval_SaveThread", "PyEval_RestoreThread", "Py_IncRef"))
+
+
+FAST_CALL = _fast_call_available()
+NATIVE_CHECKS = FAST_CALL and array_layout_holds()
+
+
+def _data_pointers(n_args: int) -> list[str]:
+    """IR loading the data pointer of array ``args[i]`` into ``%d{i}``."""
+    body = []
+    for i in range(n_args):
+        body += [f"  %p{i} = getelementptr inbounds ptr, ptr %args, i64 {i}",
+                 f"  %a{i} = load ptr, ptr %p{i}, align 8",
+                 f"  %g{i} = getelementptr inbounds i8, ptr %a{i}, i64 {_DATA_OFFSET}",
+                 f"  %d{i} = load ptr, ptr %g{i}, align 8"]
+    return body
+
+
+def pycall_ir(name: str, callee: str, n_args: int, threads_arg: bool) -> str:
+    """IR of ``PyObject *name(PyObject *self, PyObject *const *args, Py_ssize_t
+    nargs)``: calls ``callee`` with the data pointers of the ``n_args`` arrays in
+    ``args`` (checked by the caller) without the GIL; returns ``self`` (None) as a new
+    reference. With ``threads_arg``, ``args[n_args]`` is a Python int passed on as a
+    trailing i64 (the thread count)."""
+    body = _data_pointers(n_args)
+    args = [f"ptr %d{i}" for i in range(n_args)]
+    if threads_arg:
+        body += [f"  %pn = getelementptr inbounds ptr, ptr %args, i64 {n_args}",
+                 "  %an = load ptr, ptr %pn, align 8",
+                 f"  %nt = call {_SSIZE_T} @PyLong_AsSsize_t(ptr %an)"]
+        if _SSIZE_T != "i64":
+            body.append(f"  %nt64 = sext {_SSIZE_T} %nt to i64")
+        args.append("i64 %nt64" if _SSIZE_T != "i64" else "i64 %nt")
+    return "\n".join([
+        f'define ptr @"{name}"(ptr %self, ptr %args, {_SSIZE_T} %nargs) {{',
+        *body,
+        "  %ts = call ptr @PyEval_SaveThread()",
+        f'  call void @"{callee}"({", ".join(args)})',
+        "  call void @PyEval_RestoreThread(ptr %ts)",
+        "  call void @Py_IncRef(ptr %self)",
+        "  ret ptr %self",
+        "}", ""])
+
+
+def _field(a: str, field: str, ty: str, out: str) -> list[str]:
+    """IR loading ``_ArrayFields.<field>`` (of LLVM type ``ty``) of object ``%a`` into
+    ``%out`` (aligned as an int: every field is at least that)."""
+    offset = getattr(_ArrayFields, field).offset
+    return [f"  %{out}.p = getelementptr inbounds i8, ptr %{a}, i64 {offset}",
+            f"  %{out} = load {ty}, ptr %{out}.p, align {ctypes.sizeof(ctypes.c_int)}"]
+
+
+def checked_pycall_ir(name: str, callee: str, specs: Sequence[TensorSpec],
+                       n_in: int) -> str:
+    """IR of a METH_FASTCALL function like :func:`pycall_ir`'s that first checks its
+    arguments against ``specs`` (inputs, then outputs): exactly ``len(specs)`` of them,
+    each an exact ndarray with the spec's dtype singleton and shape, C-contiguous and
+    aligned (outputs also writeable), no output's bytes overlapping another argument's
+    (the kernel's pointers are noalias). If all hold it runs ``callee`` without the GIL
+    and returns None; otherwise it returns ``NotImplemented`` having touched nothing.
+    The expected object addresses come from the global ``tessera.expect``: ndarray,
+    NotImplemented, then each argument's dtype (filled in by :func:`load_kernel`)."""
+    n = len(specs)
+    slots = f"[{n + 2} x ptr]"
+    lines = [f'@"{EXPECT}" = global {slots} zeroinitializer',
+             f'define ptr @"{name}"(ptr %self, ptr %args, {_SSIZE_T} %nargs) {{',
+             "entry:",
+             f"  %nargs.ok = icmp eq {_SSIZE_T} %nargs, {n}",
+             f'  %ndarray = load ptr, ptr @"{EXPECT}", align {_PTR_SIZE}',
+             "  br i1 %nargs.ok, label %arg0, label %reject"]
+    for i, spec in enumerate(specs):
+        flags = _C_CONTIGUOUS | _ALIGNED | (_WRITEABLE if i >= n_in else 0)
+        after = f"arg{i + 1}" if i + 1 < n else "disjoint"
+        # Blocks in order, each reading only what the previous one proved is there:
+        # the type (any object has one), the fixed fields, the dimensions array.
+        lines += [f"arg{i}:",
+                  f"  %a{i}.p = getelementptr inbounds ptr, ptr %args, i64 {i}",
+                  f"  %a{i} = load ptr, ptr %a{i}.p, align {_PTR_SIZE}",
+                  f"  %a{i}.t.p = getelementptr inbounds i8, ptr %a{i}, i64 {_TYPE_OFFSET}",
+                  f"  %a{i}.t = load ptr, ptr %a{i}.t.p, align {_PTR_SIZE}",
+                  f"  %a{i}.t.ok = icmp eq ptr %a{i}.t, %ndarray",
+                  f"  br i1 %a{i}.t.ok, label %arg{i}.fields, label %reject",
+                  f"arg{i}.fields:",
+                  *_field(f"a{i}", "nd", "i32", f"a{i}.nd"),
+                  *_field(f"a{i}", "descr", "ptr", f"a{i}.dt"),
+                  *_field(f"a{i}", "flags", "i32", f"a{i}.fl"),
+                  f"  %a{i}.dt.e.p = getelementptr inbounds {slots}, ptr @\"{EXPECT}\", "
+                  f"i64 0, i64 {i + 2}",
+                  f"  %a{i}.dt.e = load ptr, ptr %a{i}.dt.e.p, align {_PTR_SIZE}",
+                  f"  %a{i}.nd.ok = icmp eq i32 %a{i}.nd, {spec.ndim}",
+                  f"  %a{i}.dt.ok = icmp eq ptr %a{i}.dt, %a{i}.dt.e",
+                  f"  %a{i}.fl.m = and i32 %a{i}.fl, {flags}",
+                  f"  %a{i}.fl.ok = icmp eq i32 %a{i}.fl.m, {flags}",
+                  f"  %a{i}.ok0 = and i1 %a{i}.nd.ok, %a{i}.dt.ok",
+                  f"  %a{i}.ok1 = and i1 %a{i}.ok0, %a{i}.fl.ok",
+                  f"  br i1 %a{i}.ok1, label %arg{i}.shape, label %reject",
+                  f"arg{i}.shape:",
+                  *_field(f"a{i}", "data", "ptr", f"d{i}")]
+        if not spec.ndim:
+            lines.append(f"  br label %{after}")
+            continue
+        lines += _field(f"a{i}", "dimensions", "ptr", f"a{i}.dims")
+        ok = "true"
+        for k, d in enumerate(spec.shape):
+            lines += [f"  %a{i}.d{k}.p = getelementptr inbounds {_SSIZE_T}, "
+                      f"ptr %a{i}.dims, i64 {k}",
+                      f"  %a{i}.d{k} = load {_SSIZE_T}, ptr %a{i}.d{k}.p, align {_PTR_SIZE}",
+                      f"  %a{i}.d{k}.ok = icmp eq {_SSIZE_T} %a{i}.d{k}, {d}",
+                      f"  %a{i}.s{k} = and i1 {ok}, %a{i}.d{k}.ok"]
+            ok = f"%a{i}.s{k}"
+        lines.append(f"  br i1 {ok}, label %{after}, label %reject")
+    # Two contiguous buffers overlap iff their byte ranges intersect; empty ones hold
+    # no bytes. Inputs may overlap each other (the kernel only reads them).
+    lines += ["disjoint:"]
+    lo = {i: f"%d{i}.lo" for i, sp in enumerate(specs) if sp.nbytes}
+    for i in lo:
+        lines += [f"  %d{i}.lo = ptrtoint ptr %d{i} to {_SSIZE_T}",
+                  f"  %d{i}.hi = add {_SSIZE_T} %d{i}.lo, {specs[i].nbytes}"]
+    clash = "false"
+    for j in (j for j in lo if j >= n_in):
+        for i in (i for i in lo if i < j):
+            lines += [f"  %o{i}.{j}.a = icmp ult {_SSIZE_T} %d{i}.lo, %d{j}.hi",
+                      f"  %o{i}.{j}.b = icmp ult {_SSIZE_T} %d{j}.lo, %d{i}.hi",
+                      f"  %o{i}.{j} = and i1 %o{i}.{j}.a, %o{i}.{j}.b",
+                      f"  %c{i}.{j} = or i1 {clash}, %o{i}.{j}"]
+            clash = f"%c{i}.{j}"
+    args = ", ".join(f"ptr %d{i}" for i in range(n))
+    lines += [f"  br i1 {clash}, label %reject, label %run",
+              "run:",
+              "  %ts = call ptr @PyEval_SaveThread()",
+              f'  call void @"{callee}"({args})',
+              "  call void @PyEval_RestoreThread(ptr %ts)",
+              "  call void @Py_IncRef(ptr %self)",
+              "  ret ptr %self",
+              "reject:",
+              f'  %ni.p = getelementptr inbounds {slots}, ptr @"{EXPECT}", i64 0, i64 1',
+              f"  %ni = load ptr, ptr %ni.p, align {_PTR_SIZE}",
+              "  call void @Py_IncRef(ptr %ni)",
+              "  ret ptr %ni",
+              "}", ""]
+    return "\n".join(lines)
+
+
+PY_DECLS = "\n".join(["declare ptr @PyEval_SaveThread()",
+                       "declare void @PyEval_RestoreThread(ptr)",
+                       "declare void @Py_IncRef(ptr)",
+                       f"declare {_SSIZE_T} @PyLong_AsSsize_t(ptr)", ""])
+
+
+def parallel_ir(kernel: CpuKernel, n_args: int) -> str:
+    """IR of ``void tessera.parallel(ptr d0, ..., i64 n)``: runs ``<entry>.range`` on
+    ``n`` (1 <= n <= extent) near-equal slices of the kernel's parallel loop, slice 0
+    on the calling thread and the others on threads made with ``pthread_create``
+    (joined before returning; a slice whose thread cannot be made runs on the calling
+    thread). ``tessera.slice`` is the thread body: it reads the pointers and its
+    ``[begin, end)`` from a ``{ptr args, i64 begin, i64 end}`` context."""
+    extent = kernel.parallel
+    loads, ptrs = [], []
+    for i in range(n_args):
+        loads += [f"  %q{i} = getelementptr inbounds ptr, ptr %argv, i64 {i}",
+                  f"  %v{i} = load ptr, ptr %q{i}, align 8"]
+        ptrs.append(f"ptr %v{i}")
+    stores = []
+    for i in range(n_args):
+        stores += [f"  %w{i} = getelementptr inbounds ptr, ptr %argv, i64 {i}",
+                   f"  store ptr %d{i}, ptr %w{i}, align 8"]
+    params = ", ".join(f"ptr %d{i}" for i in range(n_args))
+    return "\n".join([
+        "declare i32 @pthread_create(ptr, ptr, ptr, ptr)",
+        f"declare i32 @pthread_join({_PTHREAD_T}, ptr)",
+        'define internal ptr @"tessera.slice"(ptr %ctx) {',
+        "  %argv = load ptr, ptr %ctx, align 8",
+        "  %pb = getelementptr inbounds { ptr, i64, i64 }, ptr %ctx, i64 0, i32 1",
+        "  %begin = load i64, ptr %pb, align 8",
+        "  %pe = getelementptr inbounds { ptr, i64, i64 }, ptr %ctx, i64 0, i32 2",
+        "  %end = load i64, ptr %pe, align 8",
+        *loads,
+        f'  call void @"{kernel.range_entry}"({", ".join(ptrs)}, i64 %begin, i64 %end)',
+        "  ret ptr null",
+        "}",
+        f'define void @"{PAR_ENTRY}"({params}, i64 %n) {{',
+        "entry:",
+        f"  %argv = alloca ptr, i64 {n_args}, align 8",
+        *stores,
+        "  %ctxs = alloca { ptr, i64, i64 }, i64 %n, align 8",
+        f"  %tids = alloca {_PTHREAD_T}, i64 %n, align 8",
+        "  %made = alloca i8, i64 %n, align 1",
+        "  br label %fill",
+        # Slice t is [extent*t/n, extent*(t+1)/n): sizes differ by at most one.
+        "fill:",
+        "  %t = phi i64 [ 0, %entry ], [ %t1, %fill ]",
+        "  %t1 = add nuw nsw i64 %t, 1",
+        f"  %lo.m = mul nuw nsw i64 %t, {extent}",
+        "  %lo = udiv i64 %lo.m, %n",
+        f"  %hi.m = mul nuw nsw i64 %t1, {extent}",
+        "  %hi = udiv i64 %hi.m, %n",
+        "  %c = getelementptr inbounds { ptr, i64, i64 }, ptr %ctxs, i64 %t",
+        "  store ptr %argv, ptr %c, align 8",
+        "  %cb = getelementptr inbounds { ptr, i64, i64 }, ptr %ctxs, i64 %t, i32 1",
+        "  store i64 %lo, ptr %cb, align 8",
+        "  %ce = getelementptr inbounds { ptr, i64, i64 }, ptr %ctxs, i64 %t, i32 2",
+        "  store i64 %hi, ptr %ce, align 8",
+        "  %more = icmp ult i64 %t1, %n",
+        "  br i1 %more, label %fill, label %spawn.head",
+        "spawn.head:",
+        "  br label %spawn",
+        "spawn:",
+        "  %s = phi i64 [ 1, %spawn.head ], [ %s1, %spawn.next ]",
+        "  %go = icmp ult i64 %s, %n",
+        "  br i1 %go, label %spawn.body, label %run0",
+        "spawn.body:",
+        "  %sc = getelementptr inbounds { ptr, i64, i64 }, ptr %ctxs, i64 %s",
+        f"  %st = getelementptr inbounds {_PTHREAD_T}, ptr %tids, i64 %s",
+        '  %rc = call i32 @pthread_create(ptr %st, ptr null, ptr @"tessera.slice", ptr %sc)',
+        "  %ok = icmp eq i32 %rc, 0",
+        "  %sm = getelementptr inbounds i8, ptr %made, i64 %s",
+        "  %okb = zext i1 %ok to i8",
+        "  store i8 %okb, ptr %sm, align 1",
+        "  br i1 %ok, label %spawn.next, label %spawn.inline",
+        "spawn.inline:",
+        '  %r.inline = call ptr @"tessera.slice"(ptr %sc)',
+        "  br label %spawn.next",
+        "spawn.next:",
+        "  %s1 = add nuw nsw i64 %s, 1",
+        "  br label %spawn",
+        "run0:",
+        '  %r0 = call ptr @"tessera.slice"(ptr %ctxs)',
+        "  br label %join",
+        "join:",
+        "  %j = phi i64 [ 1, %run0 ], [ %j1, %join.next ]",
+        "  %jgo = icmp ult i64 %j, %n",
+        "  br i1 %jgo, label %join.body, label %done",
+        "join.body:",
+        "  %jm = getelementptr inbounds i8, ptr %made, i64 %j",
+        "  %jmade = load i8, ptr %jm, align 1",
+        "  %jok = icmp ne i8 %jmade, 0",
+        "  br i1 %jok, label %join.call, label %join.next",
+        "join.call:",
+        f"  %jt = getelementptr inbounds {_PTHREAD_T}, ptr %tids, i64 %j",
+        f"  %tid = load {_PTHREAD_T}, ptr %jt",
+        f"  %jr = call i32 @pthread_join({_PTHREAD_T} %tid, ptr null)",
+        "  br label %join.next",
+        "join.next:",
+        "  %j1 = add nuw nsw i64 %j, 1",
+        "  br label %join",
+        "done:",
+        "  ret void",
+        "}", ""])
+
+
+def builtin(address: int, name: str) -> tuple[Callable[..., None], _PyMethodDef]:
+    """A Python builtin function for the METH_FASTCALL function at ``address``, and
+    the method definition it points to (keep it alive as long as the function)."""
+    new = ctypes.pythonapi.PyCFunction_NewEx
+    new.restype = ctypes.py_object
+    new.argtypes = [ctypes.POINTER(_PyMethodDef), ctypes.py_object, ctypes.py_object]
+    method = _PyMethodDef(name.encode(), address, _METH_FASTCALL, None)
+    return new(ctypes.byref(method), None, None), method
