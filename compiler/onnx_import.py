@@ -467,7 +467,7 @@ def fold_constants(graph: Graph) -> int:
         if _foldable(graph, node):
             outputs = [o for o in node.outputs if o]
             feeds = {i: _feed(graph.values[i]) for i in node.inputs if i}
-            results = _evaluate_proto(_node_proto(node), feeds, node.name)
+            results = _evaluate_proto(node_proto(node), feeds, node.name)
             for name, data in zip(outputs, results):
                 _set_const(graph, node, name, data)
             folded.append(node)
@@ -532,7 +532,7 @@ def to_onnx(graph: Graph, opset: int = IR_OPSET) -> onnx.ModelProto:
     value_info = [_value_info(v) for v in graph.values.values()
                   if not v.is_const and v.name not in boundary]
     proto = helper.make_graph(
-        [_node_proto(n) for n in graph.nodes], graph.name,
+        [node_proto(n) for n in graph.nodes], graph.name,
         [_value_info(graph.values[i]) for i in graph.inputs],
         [_value_info(graph.values[o]) for o in graph.outputs],
         initializers, value_info=value_info)
@@ -554,7 +554,8 @@ def _value_info(value: Value) -> onnx.ValueInfoProto:
         value.name, helper.np_dtype_to_tensor_dtype(np.dtype(value.dtype)), value.shape)
 
 
-def _node_proto(node: Node) -> onnx.NodeProto:
+def node_proto(node: Node) -> onnx.NodeProto:
+    """``node`` as an ONNX NodeProto (attributes typed from the op's schema)."""
     proto = helper.make_node(node.op, node.inputs, node.outputs, name=node.name,
                              domain=node.domain or None)
     types = _attr_types(node)
