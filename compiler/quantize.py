@@ -3,7 +3,10 @@
 The compiler's int8 arithmetic is that of onnxruntime's QDQ format, so quantization is
 onnxruntime's own, with its options pinned to what the compiler assumes:
 
-* activations int8, asymmetric (per-tensor scale and zero point);
+* activations int8, per-tensor, asymmetric (onnxruntime's default), which lets
+  onnxruntime absorb a ReLU into its producer's output range (zero point -128).
+  ``symmetric_activations=True`` pins every zero point to 0, but then onnxruntime keeps
+  each ReLU as a float op between requantizations;
 * weights int8, symmetric (zero point 0), per output channel unless ``per_channel=False``;
 * biases int32 (scale = input scale x weight scale, zero point 0);
 * BatchNormalization folded into its convolution first (``quant_pre_process``), so the
@@ -39,7 +42,8 @@ Feed = Mapping[str, np.ndarray]
 
 
 def quantize_static(model: onnx.ModelProto, calibration: Sequence[Feed], *,
-                    per_channel: bool = True) -> onnx.ModelProto:
+                    per_channel: bool = True,
+                    symmetric_activations: bool = False) -> onnx.ModelProto:
     """``model`` quantized to int8 QDQ by onnxruntime, calibrated on ``calibration``.
 
     ``calibration`` is a non-empty sequence of input feeds (input name -> array with the
@@ -61,8 +65,8 @@ def quantize_static(model: onnx.ModelProto, calibration: Sequence[Feed], *,
                              activation_type=ortq.QuantType.QInt8,
                              weight_type=ortq.QuantType.QInt8,
                              calibrate_method=ortq.CalibrationMethod.MinMax,
-                             # The defaults, pinned: the compiler's int8 arithmetic assumes them.
-                             extra_options={"ActivationSymmetric": False,
+                             # Pinned: the compiler's int8 arithmetic assumes them.
+                             extra_options={"ActivationSymmetric": symmetric_activations,
                                             "WeightSymmetric": True})
         return onnx.load(str(quantized))
 

@@ -389,13 +389,15 @@ def mac_count(model: onnx.ModelProto) -> int:
 
 
 def to_qdq(model: onnx.ModelProto, calibration: Sequence[dict[str, np.ndarray]],
-           per_channel: bool = True) -> onnx.ModelProto:
+           per_channel: bool = True, symmetric_activations: bool = False) -> onnx.ModelProto:
     """onnxruntime's static int8 QDQ quantization of ``model``: the compiler's golden reference.
 
     :func:`tessera.compiler.quantize.quantize_static` (see it for the scheme: BN folded by
-    onnxruntime's pre-processing, MinMax calibration, int8 activations asymmetric, int8
+    onnxruntime's pre-processing, MinMax calibration, int8 activations asymmetric unless
+    ``symmetric_activations``, int8
     weights symmetric and per output channel unless ``per_channel`` is False, int32
     biases). Run the result with the session config entry ``session.qdqisint8allowed = 1``
     so onnxruntime's int8 kernels (not float fallbacks) run.
     """
-    return quantize_static(model, calibration, per_channel=per_channel)
+    return quantize_static(model, calibration, per_channel=per_channel,
+                           symmetric_activations=symmetric_activations)

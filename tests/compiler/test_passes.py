@@ -185,6 +185,21 @@ def test_quantize_static_wraps_every_conv_and_gemm_in_qdq(models, lenet_qdq):
     assert not is_quantized(import_onnx(models["lenet"]))
 
 
+def _activation_zero_points(qdq: onnx.ModelProto) -> set[int]:
+    consts = {t.name: numpy_helper.to_array(t) for t in qdq.graph.initializer}
+    return {int(consts[n.input[2]]) for n in qdq.graph.node
+            if n.op_type == "QuantizeLinear" and n.input[2] in consts}
+
+
+def test_quantize_static_activation_zero_points(models, lenet_qdq):
+    """Asymmetric by default (a ReLU output gets zero point -128); symmetric on request."""
+    assert -128 in _activation_zero_points(lenet_qdq)
+    model = models["lenet"]
+    symmetric = quantize_static(model, zoo.calibration_data(model, n=4),
+                                symmetric_activations=True)
+    assert _activation_zero_points(symmetric) == {0}
+
+
 def _good(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     return zoo.calibration_data(model, n=1)[0]
 
