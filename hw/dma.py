@@ -1,7 +1,7 @@
 """The 2-D strided DMA engines behind LOAD and STORE (docs/timing.md, "LOAD and STORE").
 
-:class:`DmaReader` moves a block from DRAM into one on-chip buffer (with zero
-padding), :class:`DmaWriter` moves a block of the output buffer to DRAM. Both
+:class:`DmaReader` moves a block from DRAM into one on-chip buffer (padded with
+the instruction's ``pad_value``), :class:`DmaWriter` moves a block of the output buffer to DRAM. Both
 take one LOAD/STORE instruction at a time and reproduce ``Datapath.load`` /
 ``Datapath.store`` of the simulator bit for bit and
 :func:`tessera.timing.dma_cost` cycle for cycle when the DRAM is uncontended.
@@ -15,7 +15,7 @@ at most ``max_burst_beats`` that never cross a 4 KiB boundary.
 """
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -208,7 +208,7 @@ class _DmaEngine(wiring.Component):
 
 
 class DmaReader(_DmaEngine):
-    """LOAD engine: 2-D strided DMA from DRAM into one on-chip buffer, with zero padding.
+    """LOAD engine: 2-D strided DMA from DRAM into one on-chip buffer, with padding.
 
     Built for one memory type ``mem``; ``axi_id`` tags its reads. Pulse
     ``start`` with the instruction on ``insn``; ``busy`` is high from the next
@@ -216,20 +216,27 @@ class DmaReader(_DmaEngine):
     :class:`~tessera.regmap.ErrorCode` (0 = none) until the next start.
 
     Timeline (S = the start cycle): S+1 checks the instruction (an error ends
-    it there, with no write and no DRAM access); from S+2 the zero pads are
-    written one entry per cycle; then the reads are requested one burst per
+    it there, with no write and no DRAM access); from S+2 the pads are
+    written one entry per cycle (``pad_value`` sign-extended or wrapped to
+    ``lane_bits`` in every lane; acc8 lanes are 8 bits, which the load
+    module sign-extends like data); then the reads are requested one burst per
     cycle and their data written at most one entry and one beat per cycle,
     an entry in the cycle its last beat is on the R channel. Uncontended,
     the instruction lasts exactly ``DMA_SETUP_CYCLES + pad_cycles +
     (dram_latency + data_cycles if data_cycles else 0)`` cycles.
 
     ``start`` is ignored while ``busy``. Attributes: ``elem_bytes`` (bytes
-    per element = per entry), ``entry_bits``, ``depth`` and ``addr_bits`` of
-    the buffer. ``insn.mem`` is not looked at: the engine serves ``mem``.
+    per element = per entry), ``entry_bits``, ``lane_bits``, ``depth`` and
+    ``addr_bits`` of the buffer. ``insn.mem`` is not looked at: the engine
+    serves ``mem``.
     """
 
     def __init__(self, config: HwConfig, mem: MemType, axi_id: int) -> None:
         super().__init__(config, mem, axi_id, read=True)
+        #: Bits of one lane of an entry as it comes from DRAM (a uop is one lane).
+        self.lane_bits = {MemType.UOP: self.entry_bits, MemType.INP: config.inp_width,
+                          MemType.WGT: config.wgt_width, MemType.ACC: config.acc_width,
+                          MemType.ACC8: 8}[self.mem]
 
     def elaborate(self, platform):
         m = Module()
@@ -250,6 +257,11 @@ class DmaReader(_DmaEngine):
         side = Signal(PAD_BITS + 1)
         dram_stmts, dram_err = g.dram_error(ins)
         m.d.comb += dram_stmts
+        # The pad entry: pad_value sign-extended (or wrapped) to a lane, in every lane. The
+        # pad phases write it; DATA drives sram.data itself.
+        pad_lane = Signal(signed(self.lane_bits))
+        m.d.comb += [pad_lane.eq(ins.pad_value),
+                     sram.data.eq(pad_lane.replicate(self.entry_bits // self.lane_bits))]
         m.d.comb += [
             cols.eq(ins.x_pad_0 + ins.x_size + ins.x_pad_1),
             top_n.eq(_times_pad(ins.y_pad_0, cols)),

@@ -93,7 +93,9 @@ class Datapath:
         raw = self.dram[self._dram_rows(insn, index)]
         src_dtype = np.int8 if insn.mem == MemType.ACC8 else sram.dtype.newbyteorder("<")
         data = raw.view(src_dtype).reshape((insn.y_size, insn.x_size) + sram.shape[1:])
-        block = np.zeros((rows, cols) + sram.shape[1:], dtype=sram.dtype)
+        # Pads: pad_value as a DRAM lane would carry it (wrapped to src_dtype), then widened.
+        fill = np.array(insn.pad_value, dtype=np.int64).astype(src_dtype).astype(sram.dtype)
+        block = np.full((rows, cols) + sram.shape[1:], fill, dtype=sram.dtype)
         block[insn.y_pad_0:insn.y_pad_0 + insn.y_size, insn.x_pad_0:insn.x_pad_0 + insn.x_size] = data
         dst = slice(insn.sram_base, insn.sram_base + rows * cols)
         sram[dst] = block.reshape((rows * cols,) + sram.shape[1:])

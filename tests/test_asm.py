@@ -114,6 +114,11 @@ def test_format_prints_nonzero_fields_not_dataclass_defaults() -> None:
     assert parse_instruction("GEMM", ISA) == Gemm(uop_end=0, iter_out=0, iter_in=0)
     assert format_instruction(Alu(alu_op=6, imm=-5, use_imm=True, uop_end=0, iter_out=0,
                                   iter_in=0), ISA) == "ALU.CLIP use_imm imm=-5"
+    padded = Load(mem=MemType.INP, x_pad_0=1, pad_value=-128)
+    assert format_instruction(padded, ISA) == \
+        "LOAD.inp y_size=1 x_size=1 x_stride=1 x_pad_0=1 pad_value=-128"
+    assert parse_instruction("LOAD.inp y_size=1 x_size=1 x_stride=1 x_pad_0=1 pad_value=-0x80",
+                             ISA) == padded
 
 
 def test_parser_is_lenient_where_it_should_be() -> None:
@@ -250,7 +255,7 @@ def _text(*lines: str, config=PYNQ) -> str:
     ("FOO x=1", r"unknown mnemonic 'FOO' \(mnemonics: LOAD\.<mem>, STORE\.<mem>, GEMM, "
                 r"FINISH, ALU\.<op>\)"),
     ("", r"expected an instruction"),
-    ("LOAD.inp x_pad_2=1", r"unknown field 'x_pad_2' for LOAD \(fields: pop_prev, .*x_pad_1\)"),
+    ("LOAD.inp x_pad_2=1", r"unknown field 'x_pad_2' for LOAD \(fields: pop_prev, .*x_pad_1, pad_value\)"),
     ("FINISH reset", r"unknown field 'reset' for FINISH \(fields: pop_prev, pop_next, "
                      r"push_prev, push_next\)"),
     ("LOAD.inp y_size=70000", r"y_size=70000 is out of range for LOAD: y_size must be in "

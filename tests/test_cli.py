@@ -29,6 +29,7 @@ def test_isa_table(capsys):
     assert main(["isa", "--config", "pynq"]) == 0
     out = capsys.readouterr().out
     assert "x_pad_1            118:115      4  [0, 15]" in out
+    assert "pad_value          126:119      8  [-128, 127]" in out
     assert "imm                127:111     17  [-65536, 65535]" in out
     assert "REQUANT=7" in out
 

@@ -44,6 +44,13 @@ def test_encoding_positions_on_pynq():
     assert (word >> 4) & 1 == 1                      # pop_next is bit 4
     assert (word >> 7) & 0b111 == MemType.WGT
     assert (word >> 10) & 0x1FFF == 5
+    # pad_value: signed inp_width bits right after x_pad_1 (bits 115..118 on pynq).
+    pad = isa.layouts[Opcode.LOAD].field("pad_value")
+    assert (pad.offset, pad.width, pad.lo, pad.hi) == (119, 8, -128, 127)
+    assert isa.encode(Load(pad_value=-1)) >> 119 == 0xFF
+    assert isa.decode(isa.encode(Load(pad_value=-128, x_pad_1=1))).pad_value == -128
+    with pytest.raises(EncodingError, match=r"pad_value must be in \[-128, 127\]"):
+        isa.encode(Load(pad_value=128))
     assert isa.encode(Finish(push_prev=True)) == 0b0100011
     assert isa.encode_uop(Uop(dst=1, src=2, wgt=3)) == 1 | 2 << 11 | 3 << 22
 
@@ -71,7 +78,8 @@ def test_decode_rejects_reserved_values():
 
 def test_program_stream_round_trip():
     isa = get_isa(PRESETS["tiny"])
-    insns = [Load(mem=MemType.ACC8, y_size=3, x_size=2, x_stride=5, y_pad_1=1),
+    insns = [Load(mem=MemType.ACC8, y_size=3, x_size=2, x_stride=5, y_pad_1=1, pad_value=-128),
+             Load(mem=MemType.INP, x_pad_0=2, pad_value=127),
              Gemm(reset=True, uop_end=4, iter_out=2, dst_factor_out=4),
              Alu(alu_op=6, use_imm=True, imm=-(1 << 31), uop_end=1),
              Store(x_size=1, pop_prev=True, push_prev=True), Finish(pop_next=True)]

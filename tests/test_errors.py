@@ -70,6 +70,8 @@ def test_malformed_flags_and_memory_types():
         simulate(_program(Load(mem=MemType.INP, x_size=0, pop_prev=True), Finish()))
     with pytest.raises(MalformedInstructionError, match="STORE has no zero padding: x_pad_0 must be 0"):
         simulate(_program(Store(x_size=1, x_pad_0=1), Finish()))
+    with pytest.raises(MalformedInstructionError, match="STORE has no zero padding: pad_value must be 0, not -128"):
+        simulate(_program(Store(x_size=1, pad_value=-128), Finish()))
     with pytest.raises(MalformedInstructionError, match="LOAD cannot write the output buffer"):
         simulate(_program(Load(mem=MemType.OUT), Finish()))
     with pytest.raises(MalformedInstructionError, match="alu_op 12 is not a registered ALU op"):

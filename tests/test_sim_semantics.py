@@ -78,10 +78,14 @@ def mixed_acc(cfg, rng, n):
 
 
 # =============================================================== 1. padded loads
-def check_padded_inp_load(cfg, y_size, x_size, pads, sram_base=3, seed=0):
+#: Pad values: a zero point after a ReLU (-128), the int8 edges and 0.
+PAD_VALUES = [0, -128, -1, 127]
+
+
+def check_padded_inp_load(cfg, y_size, x_size, pads, sram_base=3, seed=0, pad_value=0):
     """LOAD inp with padding over a background of nonzero entries; check the whole buffer."""
     yp0, yp1, xp0, xp1 = pads
-    rng = rng_for(cfg.name, y_size, x_size, pads, sram_base, seed)
+    rng = rng_for(cfg.name, y_size, x_size, pads, sram_base, seed, pad_value)
     src = inp_entries(cfg, rng, y_size * x_size).reshape(y_size, x_size, cfg.batch, cfg.block_in)
     rows, cols = yp0 + y_size + yp1, xp0 + x_size + xp1
     n_bg = sram_base + rows * cols + 3
@@ -90,9 +94,10 @@ def check_padded_inp_load(cfg, y_size, x_size, pads, sram_base=3, seed=0):
     prog = single_shot(cfg, segments={"bg": bg, "src": src}, loads=[
         load("bg", MemType.INP, x_size=n_bg),
         load("src", MemType.INP, sram_base=sram_base, y_size=y_size, x_size=x_size,
-             y_pad_0=yp0, y_pad_1=yp1, x_pad_0=xp0, x_pad_1=xp1)])
+             y_pad_0=yp0, y_pad_1=yp1, x_pad_0=xp0, x_pad_1=xp1, pad_value=pad_value)])
     inp = run(prog).datapath.inp
-    padded = np.pad(src, ((yp0, yp1), (xp0, xp1), (0, 0), (0, 0)))
+    padded = np.full((rows, cols, cfg.batch, cfg.block_in), pad_value, dtype=np.int8)
+    padded[yp0:yp0 + y_size, xp0:xp0 + x_size] = src
     expected = bg.copy()
     expected[sram_base:sram_base + rows * cols] = padded.reshape(rows * cols, cfg.batch, cfg.block_in)
     assert_array_equal(inp[:n_bg], expected)
@@ -102,25 +107,30 @@ def check_padded_inp_load(cfg, y_size, x_size, pads, sram_base=3, seed=0):
 @pytest.mark.parametrize("pads", [(2, 0, 0, 0), (0, 3, 0, 0), (0, 0, 1, 0), (0, 0, 0, 2),
                                   (1, 2, 3, 1)],
                          ids=["y_pad_0", "y_pad_1", "x_pad_0", "x_pad_1", "all"])
+@pytest.mark.parametrize("pad_value", PAD_VALUES)
 @pytest.mark.parametrize("cfg", CONFIGS, ids=CFG_IDS)
-def test_padded_load_each_pad(cfg, pads):
-    check_padded_inp_load(cfg, 3, 2, pads)
+def test_padded_load_each_pad(cfg, pads, pad_value):
+    check_padded_inp_load(cfg, 3, 2, pads, pad_value=pad_value)
 
 
-def test_padded_load_max_pad():
-    check_padded_inp_load(TINY, 1, 1, (15, 0, 0, 0), sram_base=0)
-    check_padded_inp_load(TINY, 2, 1, (0, 0, 0, 15), sram_base=1)
+@pytest.mark.parametrize("pad_value", PAD_VALUES)
+def test_padded_load_max_pad(pad_value):
+    check_padded_inp_load(TINY, 1, 1, (15, 0, 0, 0), sram_base=0, pad_value=pad_value)
+    check_padded_inp_load(TINY, 2, 1, (0, 0, 0, 15), sram_base=1, pad_value=pad_value)
 
 
 @FEW
 @given(y_size=st.integers(1, 4), x_size=st.integers(1, 4),
-       pads=st.tuples(*[st.integers(0, 3)] * 4), sram_base=st.integers(0, 10))
-def test_padded_load_hypothesis(y_size, x_size, pads, sram_base):
-    check_padded_inp_load(TINY, y_size, x_size, pads, sram_base)
+       pads=st.tuples(*[st.integers(0, 3)] * 4), sram_base=st.integers(0, 10),
+       pad_value=st.one_of(st.sampled_from(PAD_VALUES), st.integers(-128, 127)))
+def test_padded_load_hypothesis(y_size, x_size, pads, sram_base, pad_value):
+    check_padded_inp_load(TINY, y_size, x_size, pads, sram_base, pad_value=pad_value)
 
 
-def test_padded_acc_load_zeroes_acc_and_out():
-    """Pads of an acc load write zeros into acc and the mirrored out entries."""
+@pytest.mark.parametrize("pad_value", [0, -1, -128, 127])
+def test_padded_acc_load_fills_acc_and_out(pad_value):
+    """Pads of an acc load write pad_value, sign-extended to int32, into acc and the
+    mirrored (saturated) out entries."""
     cfg = TINY
     rng = rng_for("pad-acc")
     bg = acc_values(cfg, rng, 12, 1, 1000)
@@ -129,12 +139,12 @@ def test_padded_acc_load_zeroes_acc_and_out():
                                       "out": out_bytes(cfg, 12)},
                        loads=[load("bg", MemType.ACC, x_size=12),
                               load("src", MemType.ACC, sram_base=2, y_size=2, x_size=1,
-                                   y_pad_0=1, x_pad_1=1)],
+                                   y_pad_0=1, x_pad_1=1, pad_value=pad_value)],
                        stores=[store("out", x_size=12)])
     res = run(prog)
     expected = bg.copy()
     # block rows: [pad pad] [src0 pad] [src1 pad] -> entries 2..7
-    expected[2:8] = 0
+    expected[2:8] = pad_value
     expected[4] = src[0]
     expected[6] = src[1]
     assert_array_equal(res.datapath.acc[:12], expected)

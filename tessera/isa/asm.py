@@ -57,8 +57,9 @@ Instructions
     ``push_prev``, ``push_next``, ``reset``, ``overlap``, ``use_imm``) are bare words
     when set (``reset=1`` / ``reset=0`` is accepted as well); every other
     field is ``name=value``, decimal or ``0x`` hex, negative allowed where
-    the field is signed (``imm``). The parser is case-insensitive, accepts
-    fields in any order and checks every value against its field's range.
+    the field is signed (``imm``, ``pad_value``). The parser is
+    case-insensitive, accepts fields in any order and checks every value
+    against its field's range.
     ``format_program`` writes the instruction index as a trailing comment.
 
 The ALU op names come from the intrinsic registry at the time of formatting

@@ -28,7 +28,8 @@ def check_instruction(insn: Instruction, config: HwConfig, index: int | None = N
         if insn.mem != MemType.OUT:
             fail(f"STORE reads the output buffer only: mem must be out, not {insn.mem.label}",
                  ErrorCode.MEM_TYPE)
-        pads = {k: getattr(insn, k) for k in ("y_pad_0", "y_pad_1", "x_pad_0", "x_pad_1")}
+        pads = {k: getattr(insn, k) for k in ("y_pad_0", "y_pad_1", "x_pad_0", "x_pad_1",
+                                                 "pad_value")}
         nonzero = {k: v for k, v in pads.items() if v}
         if nonzero:
             fail(f"STORE has no zero padding: {', '.join(f'{k} must be 0, not {v}' for k, v in nonzero.items())}")

@@ -30,8 +30,11 @@ MEM_BITS = 3
 DRAM_ADDR_BITS = 32
 #: y_size, x_size and x_stride of LOAD/STORE.
 DMA_SIZE_BITS = 16
-#: Each of the four zero-padding amounts.
+#: Each of the four padding amounts.
 PAD_BITS = 4
+#: The LOAD's ``pad_value``, the fill of the pads (signed, sign-extended to each lane):
+#: an 8-bit quantization zero point, whatever the buffers' widths.
+PAD_VALUE_BITS = 8
 #: 16 ALU opcodes; the built-ins use 0..7, the rest is free for extensions.
 ALU_OP_BITS = 4
 #: The ALU immediate takes the bits left in the word, at most this many.
@@ -134,7 +137,7 @@ class Isa:
             ("mem", MEM_BITS), ("sram_base", sram_bits), ("dram_base", DRAM_ADDR_BITS),
             ("y_size", DMA_SIZE_BITS), ("x_size", DMA_SIZE_BITS), ("x_stride", DMA_SIZE_BITS),
             ("y_pad_0", PAD_BITS), ("y_pad_1", PAD_BITS), ("x_pad_0", PAD_BITS),
-            ("x_pad_1", PAD_BITS)], INSN_BITS)
+            ("x_pad_1", PAD_BITS), ("pad_value", PAD_VALUE_BITS, True)], INSN_BITS)
         gemm = Layout.pack("GEMM", head + loop + [
             ("src_factor_out", c.inp_index_bits), ("src_factor_in", c.inp_index_bits),
             ("wgt_factor_out", c.wgt_index_bits), ("wgt_factor_in", c.wgt_index_bits)], INSN_BITS)

@@ -89,6 +89,9 @@ class _MemInsn(Instruction):
     y_pad_1: int = 0
     x_pad_0: int = 0
     x_pad_1: int = 0
+    #: The value every lane of a padded entry gets (signed, 8 bits, sign-extended to
+    #: each lane); STORE: 0.
+    pad_value: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mem", MemType(self.mem))
@@ -105,13 +108,17 @@ class _MemInsn(Instruction):
 
 @dataclass(frozen=True, kw_only=True)
 class Load(_MemInsn):
-    """2-D strided DMA from DRAM into an on-chip buffer, with zero padding.
+    """2-D strided DMA from DRAM into an on-chip buffer, with padding.
 
     Reads ``y_size`` rows of ``x_size`` elements, row ``y`` starting at DRAM
     element ``dram_base + y * x_stride``, and writes them as a
     ``(y_pad_0 + y_size + y_pad_1) x (x_pad_0 + x_size + x_pad_1)`` block of
-    consecutive SRAM entries from ``sram_base``, the pads filled with zeros.
-    DRAM addresses count elements of the memory type.
+    consecutive SRAM entries from ``sram_base``. Every lane of a pad entry is
+    ``pad_value`` converted like a DRAM element's lane: wrapped to the lane's
+    width in DRAM (8 bits for acc8), then sign-extended to the buffer's lane
+    (so an acc pad of -1 is int32 -1). A quantized input's zero point makes
+    the padding equal to the real 0. DRAM addresses count elements of the
+    memory type.
     """
 
     opcode: ClassVar[Opcode] = Opcode.LOAD
@@ -119,7 +126,7 @@ class Load(_MemInsn):
 
 @dataclass(frozen=True, kw_only=True)
 class Store(_MemInsn):
-    """2-D strided DMA from the output buffer to DRAM (pads must be zero)."""
+    """2-D strided DMA from the output buffer to DRAM (pads and ``pad_value`` must be zero)."""
 
     opcode: ClassVar[Opcode] = Opcode.STORE
     mem: MemType = MemType.OUT

@@ -32,7 +32,7 @@ STORE_CONFIGS = CONFIGS + [PYNQ.replace(name="pynq-out32", out_width=32),       
                            TINY.replace(name="tiny-bus16", bus_bytes=16)]          # 4 lanes
 LOAD_MEMS = [MemType.INP, MemType.WGT, MemType.ACC, MemType.UOP, MemType.ACC8]
 FIELDS = ("sram_base", "dram_base", "y_size", "x_size", "x_stride",
-          "y_pad_0", "y_pad_1", "x_pad_0", "x_pad_1")
+          "y_pad_0", "y_pad_1", "x_pad_0", "x_pad_1", "pad_value")
 DRAM_BYTES = 1 << 15
 READER_ID, WRITER_ID = 1, 3
 #: Far more than any instruction here needs, even starved of bandwidth.
@@ -118,6 +118,17 @@ def expected_error(config: HwConfig, insn, dram_bytes: int) -> ErrorCode:
     return ErrorCode.NONE
 
 
+def pad_entry(config: HwConfig, mem: MemType, value: int) -> np.ndarray:
+    """The bytes of a pad entry: ``value`` in two's complement in every lane (a uop is one
+    lane; acc8 lanes are 8 bits in DRAM and in the engine's entries)."""
+    eb = eb_of(config, mem)
+    lane = {MemType.UOP: 8 * eb, MemType.INP: config.inp_width, MemType.WGT: config.wgt_width,
+            MemType.ACC: config.acc_width, MemType.ACC8: 8}[mem]
+    word = value % (1 << lane)
+    return np.frombuffer(b"".join(word.to_bytes(lane // 8, "little")
+                                  for _ in range(8 * eb // lane)), np.uint8)
+
+
 def apply_load(config: HwConfig, insn: Load, dram: np.ndarray, sram: np.ndarray) -> None:
     """The LOAD's effect on ``sram`` (entries x bytes), DRAM bytes outside the array as zero."""
     err = expected_error(config, insn, dram.size)
@@ -126,6 +137,7 @@ def apply_load(config: HwConfig, insn: Load, dram: np.ndarray, sram: np.ndarray)
     eb = eb_of(config, insn.mem)
     rows, cols = block_shape(insn)
     block = np.zeros((rows, cols, eb), dtype=np.uint8)
+    block[:, :] = pad_entry(config, insn.mem, insn.pad_value)
     padded = np.concatenate([dram, np.zeros(1 << 16, np.uint8)])
     for y in range(insn.y_size):
         a = (insn.dram_base + y * insn.x_stride) * eb
@@ -384,6 +396,15 @@ def test_load_each_pad_alone(config, pad):
     assert e.sram_log[-1][0] == o.end - 1
 
 
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.name)
+@pytest.mark.parametrize("mem", LOAD_MEMS, ids=lambda m: m.label)
+@pytest.mark.parametrize("pad_value", [-128, -1, 1, 127])
+def test_load_pad_value(config, mem, pad_value):
+    insn = Load(mem=mem, dram_base=2, x_size=2, y_size=2, x_stride=3, sram_base=1,
+                y_pad_0=1, y_pad_1=1, x_pad_0=1, x_pad_1=2, pad_value=pad_value)
+    check_reader(config, mem, [insn], seed=pad_value % 256)
+
+
 def test_load_max_pads():
     insn = Load(mem=MemType.INP, dram_base=1, x_size=2, y_size=2, x_stride=2,
                 y_pad_0=15, y_pad_1=15, x_pad_0=15, x_pad_1=15)
@@ -564,9 +585,13 @@ def dma_insn(draw, config: HwConfig, mem: MemType, store: bool,
                                             for _ in range(4))
     span = (y - 1) * stride + x if x and y else 0
     base = draw(st.integers(first, max(first, elems - span)))
+    pad_field = get_isa(config).layouts[Opcode.LOAD].field("pad_value")
+    pad_value = 0 if store else draw(st.sampled_from([0, -1, pad_field.lo, pad_field.hi])
+                                     | st.integers(pad_field.lo, pad_field.hi))
     cls = Store if store else Load
     insn = cls(mem=mem, dram_base=base, x_size=x, y_size=y, x_stride=stride,
-               y_pad_0=pads[0], y_pad_1=pads[1], x_pad_0=pads[2], x_pad_1=pads[3])
+               y_pad_0=pads[0], y_pad_1=pads[1], x_pad_0=pads[2], x_pad_1=pads[3],
+               pad_value=pad_value)
     rows, cols = block_shape(insn)
     # Mostly in bounds; now and then one entry too many.
     limit = max(0, depth - rows * cols) + draw(st.sampled_from([0, 0, 0, 0, 1]))
