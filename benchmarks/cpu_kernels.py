@@ -149,6 +149,48 @@ def run_case(case: Case, repeats: int) -> Row:
     return row
 
 
+def call_overhead(repeats: int) -> str:
+    """The fixed cost of one call, on a 10-element float32 add: numpy's ufunc against the
+    kernel, allocating and with ``out=`` (no target; the figure docs/runtime.md quotes)."""
+    from tessera.compiler.cpu import E, TensorSpec, fused_elementwise
+    from tessera.runtime.cpu import load_kernel
+
+    x, y, o = (np.ones(10, np.float32) for _ in range(3))
+    kernel = load_kernel(fused_elementwise(E.input(0) + E.input(1),
+                                           [TensorSpec((10,), "float32")] * 2))
+    fns = {"numpy x + y": lambda: x + y, "kernel(x, y)": lambda: kernel(x, y),
+           "numpy np.add(x, y, out=o)": lambda: np.add(x, y, out=o),
+           "kernel(x, y, out=[o])": lambda: kernel(x, y, out=[o])}
+    calls = {name: _calls_per_block(fn) for name, fn in fns.items()}
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            best[name] = min(best[name], _block_us(fn, calls[name]))
+    lines = ["call overhead, 10-element float32 add (us per call):"]
+    lines += [f"  {name:<28}{us:8.2f}" for name, us in best.items()]
+    return "\n".join(lines)
+
+
+def thread_scaling(repeats: int) -> str:
+    """A 1e6-element float32 add (a kernel with a parallel form) forced onto 1, 2 and 4
+    threads: what decides ``tessera.runtime.cpu.BYTES_PER_THREAD`` on this host."""
+    from tessera.compiler.cpu import E, TensorSpec, fused_elementwise
+    from tessera.runtime.cpu import load_kernel
+
+    n = 10**6
+    x, y = np.ones(n, np.float32), np.ones(n, np.float32)
+    kernel = load_kernel(fused_elementwise(E.input(0) + E.input(1),
+                                           [TensorSpec((n,), "float32")] * 2))
+    fns = {k: (lambda k=k: kernel(x, y, threads=k)) for k in (1, 2, 4)}
+    calls = {k: _calls_per_block(fn) for k, fn in fns.items()}
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            best[k] = min(best[k], _block_us(fn, calls[k]))
+    return ("parallel form, 1e6-element float32 add (us per call): "
+            + ", ".join(f"{k} thread{'s' if k > 1 else ''} {us:.1f}" for k, us in best.items()))
+
+
 HEADER = ("op", "shape", "dtype", "numpy us", "kernel us", "ratio", "target",
           "threads", "1-thread ratio", "compile ms", "ok")
 _NUMERIC = {3, 4, 5, 6, 7, 8, 9}
@@ -210,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.markdown:
         print()
         print(format_markdown(rows))
+    print()
+    print(call_overhead(args.repeats))
+    print(thread_scaling(args.repeats))
     for note in notes:
         print(f"note: {note}")
     failed = [r for r in rows if not r.ok]

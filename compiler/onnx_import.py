@@ -389,7 +389,7 @@ def _constant_data(node: onnx.NodeProto) -> np.ndarray:
     if attr.name in ("value_int", "value_ints"):
         return np.array(helper.get_attribute_value(attr), dtype=np.int64)
     # Sparse and string constants are rare: let the reference implementation decode them.
-    return _evaluate_proto(node, {}, node.name)[0]
+    return evaluate_proto(node, {}, node.name)[0]
 
 
 def _node(graph: Graph, proto: onnx.NodeProto, types: Mapping[str, onnx.TypeProto],
@@ -467,7 +467,7 @@ def fold_constants(graph: Graph) -> int:
         if _foldable(graph, node):
             outputs = [o for o in node.outputs if o]
             feeds = {i: _feed(graph.values[i]) for i in node.inputs if i}
-            results = _evaluate_proto(node_proto(node), feeds, node.name)
+            results = evaluate_proto(node_proto(node), feeds, node.name)
             for name, data in zip(outputs, results):
                 _set_const(graph, node, name, data)
             folded.append(node)
@@ -501,20 +501,27 @@ def _set_const(graph: Graph, node: Node, name: str, data: Any) -> None:
     graph.add_value(name, value.shape, value.dtype, data.astype(value.dtype, copy=False))
 
 
-def _evaluate_proto(node: onnx.NodeProto, feeds: Mapping[str, np.ndarray],
-                    name: str) -> list[np.ndarray]:
-    """Run one node with onnx's reference evaluator (a one-node model)."""
+#: onnx.reference implements QuantizeLinear/DequantizeLinear from opset 19 only; 19 adds
+#: float8 types and nothing that changes int8/uint8.
+_REFERENCE_OPSET = {"QuantizeLinear": 19, "DequantizeLinear": 19}
+
+
+def evaluate_proto(node: onnx.NodeProto, feeds: Mapping[str, np.ndarray], name: str, *,
+                   failure: str = "has constant inputs but cannot be evaluated to fold it"
+                   ) -> list[np.ndarray]:
+    """Run one node with onnx's reference evaluator (a one-node model). A failure is a
+    :class:`CompileError` saying the node ``failure`` (why it was evaluated)."""
     inputs = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype),
                                             v.shape) for k, v in feeds.items()]
     outputs = [helper.make_empty_tensor_value_info(o) for o in node.output if o]
-    model = helper.make_model(helper.make_graph([node], "fold", inputs, outputs),
-                              opset_imports=[helper.make_opsetid("", IR_OPSET)])
+    opset = _REFERENCE_OPSET.get(node.op_type, IR_OPSET)
+    model = helper.make_model(helper.make_graph([node], name, inputs, outputs),
+                              opset_imports=[helper.make_opsetid(node.domain, opset)])
     try:
         return list(ReferenceEvaluator(model).run(None, dict(feeds)))
     except Exception as exc:  # the reference ops raise whatever numpy raises
-        raise CompileError(f"{node.op_type} node {name!r} has constant inputs but cannot be "
-                           f"evaluated to fold it ({type(exc).__name__}: {exc}); check its "
-                           f"attributes and inputs", op=name) from exc
+        raise CompileError(f"{node.op_type} node {name!r} {failure} ({type(exc).__name__}: "
+                           f"{exc}); check its attributes and inputs", op=name) from exc
 
 
 # ------------------------------------------------------------------------ export

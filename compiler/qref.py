@@ -27,23 +27,16 @@ from __future__ import annotations
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
-import onnx
 from numpy.lib.stride_tricks import sliding_window_view
-from onnx import helper
-from onnx.reference import ReferenceEvaluator
 
 from tessera.errors import CompileError
 from tessera.isa.requant import onnxruntime_reference, requant_scale
 
 from .graph import Graph, Node
-from .onnx_import import IR_OPSET, node_proto
+from .onnx_import import evaluate_proto, node_proto
 from .qdq import DOMAIN
 
 __all__ = ["run_reference"]
-
-#: onnx.reference implements QuantizeLinear/DequantizeLinear from opset 19 only; 19 adds
-#: float8 types and nothing that changes int8/uint8.
-_REFERENCE_OPSET = {"QuantizeLinear": 19, "DequantizeLinear": 19}
 
 
 def run_reference(graph: Graph, inputs: Mapping[str, np.ndarray],
@@ -88,23 +81,9 @@ def _run_node(graph: Graph, node: Node, env: Mapping[str, np.ndarray]) -> list[n
         args = [env[name] if name else None for name in node.inputs]
         y = kernel(node, *args)
         return [y.astype(graph.values[node.outputs[0]].dtype)]
-    return _run_onnx(node, {name: env[name] for name in node.inputs if name})
-
-
-def _run_onnx(node: Node, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-    """One standard node through onnx's reference evaluator (a one-node model)."""
-    proto = node_proto(node)
-    model = helper.make_model(
-        helper.make_graph(
-            [proto], node.name,
-            [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
-             for k, v in feeds.items()],
-            [helper.make_empty_tensor_value_info(o) for o in node.outputs if o]),
-        opset_imports=[helper.make_opsetid(node.domain, _REFERENCE_OPSET.get(node.op, IR_OPSET))])
-    try:
-        return list(ReferenceEvaluator(model).run(None, dict(feeds)))
-    except (onnx.checker.ValidationError, NotImplementedError) as exc:
-        raise CompileError(f"run_reference cannot evaluate {node}: {exc}", op=node.name) from exc
+    feeds = {name: env[name] for name in node.inputs if name}
+    return evaluate_proto(node_proto(node), feeds, node.name,
+                          failure="cannot be evaluated by run_reference")
 
 
 # ---------------------------------------------------------------------- requantization

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
 
 import numpy as np
@@ -121,7 +121,6 @@ class RunResult:
     dram: np.ndarray
     #: The simulator's statistics on the ``sim`` backend, else None.
     stats: Any = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def read(self, segment: str, dtype: np.dtype | str = np.uint8,
              shape: tuple[int, ...] | None = None) -> np.ndarray:

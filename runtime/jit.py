@@ -13,6 +13,7 @@ names (every kernel's function may be called ``entry``).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import tempfile
@@ -176,7 +177,7 @@ class Jit:
 
     def _write_cache(self, key: str, obj: bytes) -> None:
         # The cache is an optimisation: an unwritable folder must not fail the compile.
-        try:
+        with contextlib.suppress(OSError):
             self.cache_path.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.cache_path, prefix=f".{key[:16]}.", suffix=".tmp")
             try:
@@ -186,8 +187,6 @@ class Jit:
             except BaseException:
                 os.unlink(tmp)
                 raise
-        except OSError:
-            pass
 
 
 _jit: Jit | None = None

@@ -21,7 +21,11 @@ from tessera.sim.registers import SimRegisters
 
 from .memory import PageAllocator
 
-__all__ = ["MODELS", "RtlModel", "SimModel", "make_model"]
+__all__ = ["DRAM_BYTES", "MODELS", "RtlModel", "SimModel", "make_model"]
+
+#: The simulated DRAM of every simulated device and board (numpy zero pages and the
+#: harness's calloc: only what buffers touch is resident).
+DRAM_BYTES = 1 << 28
 
 #: Cycles the RTL model runs per register read while a run is in progress: the driver's
 #: STATUS polling is what moves it on, so a hung program runs into the driver's timeout.

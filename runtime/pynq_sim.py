@@ -38,7 +38,7 @@ from tessera.hwh import hwh_xml
 from tessera.regmap import CTRL_ADDR_BITS, config_id
 
 from .memory import PAGE_BYTES, PageAllocator
-from .models import make_model
+from .models import DRAM_BYTES, make_model
 from .pynq_device import PynqDevice
 
 try:
@@ -53,8 +53,6 @@ except ImportError:
 
 __all__ = ["SimulatedBoard", "SimulatedPynqDevice", "open_simulated_pynq", "simulated_board"]
 
-#: The board's DDR as the models simulate it (allocated lazily: untouched pages cost nothing).
-DEFAULT_MEMORY_BYTES = 1 << 28
 #: Register offsets inside the window alias modulo the AXI4-Lite slave's address width.
 _CONTROL_SPAN = 1 << CTRL_ADDR_BITS
 _BITSTREAM_HEADER = "TESSERA SIMULATED BITSTREAM"
@@ -85,7 +83,7 @@ class SimulatedBoard(PynqBaseDevice):
 
     def __init__(self, config: str | HwConfig, *, board: str | Board = "pynq-z2",
                  model: str = "rtl", directory: str | Path | None = None,
-                 memory_bytes: int = DEFAULT_MEMORY_BYTES, **rtl_options: Any) -> None:
+                 memory_bytes: int = DRAM_BYTES, **rtl_options: Any) -> None:
         self.config = get_config(config)
         self.board = get_board(board)
         self.board.check(self.config)

@@ -15,7 +15,7 @@ from tessera.config import HwConfig
 
 from .device import Device
 from .memory import PAGE_BYTES, PageAllocator
-from .models import RtlModel, SimModel, make_model
+from .models import DRAM_BYTES, RtlModel, SimModel, make_model
 
 __all__ = ["ModelDevice", "RtlDevice", "SimDevice"]
 
@@ -71,10 +71,8 @@ class SimDevice(ModelDevice):
     backend = "sim"
     #: The simulator reports a hung program itself (ErrorCode.SIMULATOR): no timeout.
     default_timeout = None
-    #: Simulated device memory (numpy zero pages: only what buffers touch is resident).
-    DEFAULT_MEMORY_BYTES = 1 << 30
 
-    def __init__(self, config: HwConfig, *, memory_bytes: int = DEFAULT_MEMORY_BYTES,
+    def __init__(self, config: HwConfig, *, memory_bytes: int = DRAM_BYTES,
                  trace: bool = False) -> None:
         super().__init__(config, "sim", memory_bytes, {"trace": trace})
 
@@ -99,9 +97,7 @@ class RtlDevice(ModelDevice):
 
     backend = "rtl"
     default_timeout = 600.0
-    #: Simulated DRAM (the harness callocs it: untouched pages cost nothing).
-    DEFAULT_MEMORY_BYTES = 1 << 28
 
-    def __init__(self, config: HwConfig, *, memory_bytes: int = DEFAULT_MEMORY_BYTES,
+    def __init__(self, config: HwConfig, *, memory_bytes: int = DRAM_BYTES,
                  **options: Any) -> None:
         super().__init__(config, "rtl", memory_bytes, options)

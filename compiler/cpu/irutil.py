@@ -75,6 +75,40 @@ def as_value(v: ir.Value | int) -> ir.Value:
 # ---------------------------------------------------------------------------------
 # Loops
 
+class _Loop:
+    """The blocks and phis of ``for (i = start; i < stop; i += step)`` with loop-carried
+    values: :meth:`open` leaves the builder in the body, :meth:`close` after the loop."""
+
+    def __init__(self, builder: ir.IRBuilder, start: int | ir.Value, stop: int | ir.Value,
+                 name: str, inits: Sequence[ir.Value] = ()) -> None:
+        pre = builder.block
+        header = builder.append_basic_block(f"{name}.head")
+        body = builder.append_basic_block(f"{name}.body")
+        self.exit = builder.append_basic_block(f"{name}.end")
+        self.header = header
+        self.name = name
+        builder.branch(header)
+        builder.position_at_end(header)
+        self.idx = builder.phi(I64, name=name)
+        self.idx.add_incoming(as_value(start), pre)
+        self.accs = []
+        for k, v in enumerate(inits):
+            phi = builder.phi(v.type, name=f"{name}.acc{k}")
+            phi.add_incoming(v, pre)
+            self.accs.append(phi)
+        builder.cbranch(builder.icmp_signed("<", self.idx, as_value(stop)), body, self.exit)
+        builder.position_at_end(body)
+
+    def close(self, builder: ir.IRBuilder, step: int, new: Sequence[ir.Value] = ()) -> None:
+        latch = builder.block
+        nxt = builder.add(self.idx, i64(step), name=f"{self.name}.next", flags=["nuw", "nsw"])
+        self.idx.add_incoming(nxt, latch)
+        for phi, v in zip(self.accs, new):
+            phi.add_incoming(v, latch)
+        builder.branch(self.header)
+        builder.position_at_end(self.exit)
+
+
 @contextmanager
 def for_range(
     builder: ir.IRBuilder, stop: int | ir.Value, start: int | ir.Value = 0,
@@ -83,22 +117,9 @@ def for_range(
     """``with for_range(b, n) as i:`` emits ``for (i = start; i < stop; i += step)``
     around the code written in the with-block (signed i64 compare). The builder is left
     after the loop. Constant bounds let LLVM vectorise and fully unroll short loops."""
-    start_v, stop_v = as_value(start), as_value(stop)
-    pre = builder.block
-    header = builder.append_basic_block(f"{name}.head")
-    body = builder.append_basic_block(f"{name}.body")
-    exit_ = builder.append_basic_block(f"{name}.end")
-    builder.branch(header)
-    builder.position_at_end(header)
-    idx = builder.phi(I64, name=name)
-    idx.add_incoming(start_v, pre)
-    builder.cbranch(builder.icmp_signed("<", idx, stop_v), body, exit_)
-    builder.position_at_end(body)
-    yield idx
-    nxt = builder.add(idx, i64(step), name=f"{name}.next", flags=["nuw", "nsw"])
-    idx.add_incoming(nxt, builder.block)
-    builder.branch(header)
-    builder.position_at_end(exit_)
+    loop = _Loop(builder, start, stop, name)
+    yield loop.idx
+    loop.close(builder, step)
 
 
 @contextmanager
@@ -131,32 +152,10 @@ def reduce_range(
     phi nodes, which is what LLVM's reduction vectoriser looks for (float sums need
     ``REASSOC`` flags on the adds to vectorise)."""
     multi = isinstance(init, (tuple, list))
-    inits = list(init) if multi else [init]
-    start_v, stop_v = as_value(start), as_value(stop)
-    pre = builder.block
-    header = builder.append_basic_block(f"{name}.head")
-    body_bb = builder.append_basic_block(f"{name}.body")
-    exit_ = builder.append_basic_block(f"{name}.end")
-    builder.branch(header)
-    builder.position_at_end(header)
-    idx = builder.phi(I64, name=name)
-    idx.add_incoming(start_v, pre)
-    accs = []
-    for k, v in enumerate(inits):
-        phi = builder.phi(v.type, name=f"{name}.acc{k}")
-        phi.add_incoming(v, pre)
-        accs.append(phi)
-    builder.cbranch(builder.icmp_signed("<", idx, stop_v), body_bb, exit_)
-    builder.position_at_end(body_bb)
-    new = body(builder, idx, tuple(accs) if multi else accs[0])
-    new = list(new) if multi else [new]
-    latch = builder.block
-    idx.add_incoming(builder.add(idx, i64(step), flags=["nuw", "nsw"]), latch)
-    for phi, v in zip(accs, new):
-        phi.add_incoming(v, latch)
-    builder.branch(header)
-    builder.position_at_end(exit_)
-    return tuple(accs) if multi else accs[0]
+    loop = _Loop(builder, start, stop, name, list(init) if multi else [init])
+    new = body(builder, loop.idx, tuple(loop.accs) if multi else loop.accs[0])
+    loop.close(builder, step, list(new) if multi else [new])
+    return tuple(loop.accs) if multi else loop.accs[0]
 
 
 def for_range_fn(builder: ir.IRBuilder, stop: int | ir.Value, body, start: int = 0,

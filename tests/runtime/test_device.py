@@ -23,6 +23,8 @@ from tessera.runtime import open_device, relocate
 from tessera.runtime.memory import PAGE_BYTES
 from tessera.sim import simulate
 
+from tests.programs import CONTENTION_TOLERANCE
+
 TINY = PRESETS["tiny"]
 ISA = get_isa(TINY)
 
@@ -103,7 +105,7 @@ def test_run_program_matches_numpy_and_the_simulator(dev):
                           numpy_gemm_shr(a, b, 7))
     assert np.array_equal(result.dram, sim.dram[:program.insn_addr])
     assert result.backend == dev.backend
-    tolerance = 0.02 * sim.stats.cycles if sim.stats.dram_contended else 0
+    tolerance = CONTENTION_TOLERANCE * sim.stats.cycles if sim.stats.dram_contended else 0
     assert abs(result.cycles - sim.stats.cycles) <= tolerance
     counters = dev.counters()
     assert counters["last_cycles"] == result.cycles and counters["live_buffers"] == 0

@@ -31,8 +31,9 @@ from tessera.runtime.pynq_device import PynqDevice
 from tessera.runtime.pynq_sim import open_simulated_pynq, simulated_board
 from tessera.sim import simulate
 
+from tests.programs import CONTENTION_TOLERANCE
+
 TINY = PRESETS["tiny"]
-CONTENTION_TOLERANCE = 0.02
 _LEGACY_PARSERS = {"processing_system7": _HWHZynq, "zynq_ultra_ps_e": _HWHUltrascale}
 
 
