@@ -29,10 +29,11 @@ from tessera.isa import Program
 
 from .conv import TensorInfo, tensorize_conv2d
 from .dram import DramPlan, plan_dram
-from .emit import Emitter
+from .emit import Emitter, Place
 from tessera.errors import CompileError
 from .layout import ActLayout, int_dtype, pack_activation, unpack_activation
 from .ops import Conv2d, Dense, Eltwise, Op, Pool2d
+from .packing import PackedInput, pack_small_channel_convs
 from .sync import insert_dependency_tokens
 
 
@@ -49,10 +50,39 @@ class CompiledProgram:
     dram: DramPlan | None = None
     compile_seconds: float = 0.0
     #: Host-side transforms producing a device input from a program input (kernel-position
-    #: packing): ``{device input: fn}``, ``fn.source`` names the program input it reads.
-    input_transforms: dict[str, Callable[[np.ndarray], np.ndarray]] = field(default_factory=dict)
+    #: packing): ``{device input: transform}``, ``transform.source`` names the program input
+    #: it reads.
+    input_transforms: dict[str, PackedInput] = field(default_factory=dict)
     #: The tensors the host writes into DRAM (the inputs, or their transformed versions).
     device_inputs: list[str] = field(default_factory=list)
+    #: ``(operator, first, end)``: the instructions of each operator (end exclusive).
+    op_bounds: list[tuple[str, int, int]] = field(default_factory=list)
+
+    def manifest(self) -> dict:
+        """Everything but the program as JSON-able data (see :meth:`from_manifest`)."""
+        return {
+            "tensors": {n: {"shape": list(t.layout.shape), "batch": t.layout.batch,
+                            "block": t.layout.block, "segment": t.place.segment,
+                            "offset": t.place.offset} for n, t in self.tensors.items()},
+            "inputs": self.inputs, "outputs": self.outputs,
+            "device_inputs": self.device_inputs,
+            "input_transforms": {n: t.to_dict() for n, t in self.input_transforms.items()},
+            "op_bounds": [list(b) for b in self.op_bounds],
+        }
+
+    @classmethod
+    def from_manifest(cls, program: Program, manifest: dict) -> "CompiledProgram":
+        """A compiled program from its :class:`~tessera.isa.Program` and :meth:`manifest`
+        (tiling plans and the DRAM plan are not kept)."""
+        m = manifest
+        tensors = {n: TensorInfo(n, ActLayout(tuple(t["shape"]), t["batch"], t["block"]),
+                                 Place(t["segment"], t["offset"]))
+                   for n, t in m["tensors"].items()}
+        return cls(program.config, program, tensors, list(m["inputs"]), list(m["outputs"]),
+                   input_transforms={n: PackedInput.from_dict(d)
+                                     for n, d in m["input_transforms"].items()},
+                   device_inputs=list(m["device_inputs"]),
+                   op_bounds=[(str(n), int(a), int(b)) for n, a, b in m["op_bounds"]])
 
     def bind(self, inputs: Mapping[str, np.ndarray]) -> Program:
         """A copy of the program with ``inputs`` (logical NCHW / NC arrays) packed into DRAM."""
@@ -65,7 +95,7 @@ class CompiledProgram:
         for name in self.device_inputs or self.inputs:
             if name in self.input_transforms:
                 fn = self.input_transforms[name]
-                x = fn(np.asarray(inputs[fn.source]))  # type: ignore[attr-defined]
+                x = fn(np.asarray(inputs[fn.source]))
             else:
                 x = np.asarray(inputs[name])
             info = self.tensors[name]
@@ -153,7 +183,8 @@ def plan_layouts(ops: Sequence[Op], shapes: Mapping[str, tuple[int, int, int, in
 def compile_ops(ops: Sequence[Op], input_shapes: Mapping[str, tuple[int, ...]],
                 config: HwConfig | str | None = None, *, outputs: Sequence[str] | None = None,
                 threads: int = 2, plans: Mapping[str, object] | None = None,
-                pack_small_channels: bool = True, verify: bool = False) -> CompiledProgram:
+                pack_small_channels: bool = True, verify: bool = False,
+                on_op: Callable[[Op], None] | None = None) -> CompiledProgram:
     """Compile ``ops`` (in execution order) into one program for ``config``.
 
     ``input_shapes`` gives the program inputs' logical shapes; ``outputs`` the
@@ -163,7 +194,8 @@ def compile_ops(ops: Sequence[Op], input_shapes: Mapping[str, tuple[int, ...]],
     a convolution reading a program input with few channels pack kernel
     positions into the channel block (the host applies the matching input
     transform in :meth:`CompiledProgram.bind`). ``verify`` runs
-    :func:`~.verify.verify_program` on the result.
+    :func:`~.verify.verify_program` on the result. ``on_op`` is called with each operator
+    before it is tensorized (progress reporting).
     """
     t0 = time.perf_counter()
     cfg = get_config(config)
@@ -171,9 +203,8 @@ def compile_ops(ops: Sequence[Op], input_shapes: Mapping[str, tuple[int, ...]],
         raise CompileError(f"threads must be 1 or 2, not {threads}")
     ops = list(ops)
     user_inputs = list(input_shapes)
-    input_transforms: dict[str, Callable] = {}
+    input_transforms: dict[str, PackedInput] = {}
     if pack_small_channels:
-        from .packing import pack_small_channel_convs
         ops, input_shapes, input_transforms = pack_small_channel_convs(ops, dict(input_shapes),
                                                                         cfg)
     shapes = infer_shapes(ops, input_shapes)
@@ -194,6 +225,8 @@ def compile_ops(ops: Sequence[Op], input_shapes: Mapping[str, tuple[int, ...]],
     tensors = {name: TensorInfo(name, layouts[name], dram.places[name]) for name in shapes}
     used_plans: dict[str, object] = {}
     for op in ops:
+        if on_op is not None:
+            on_op(op)
         forced = (plans or {}).get(op.name)
         res = {t: tensors[t] for t in op.inputs[1:]}
         if isinstance(op, (Conv2d, Dense)):
@@ -211,11 +244,13 @@ def compile_ops(ops: Sequence[Op], input_shapes: Mapping[str, tuple[int, ...]],
         else:
             raise CompileError(f"unsupported operator {op!r}")
     program = insert_dependency_tokens(em.finish())
+    op_bounds = program.sync_stats.map_bounds(em.op_bounds())  # type: ignore[attr-defined]
     if verify:
         from .verify import verify_program
         verify_program(program)
     return CompiledProgram(cfg, program, tensors, user_inputs, outs, used_plans, dram,
-                           time.perf_counter() - t0, input_transforms, list(input_shapes))
+                           time.perf_counter() - t0, input_transforms, list(input_shapes),
+                           op_bounds)
 
 
 def compile_op(op: Op, input_shapes: Mapping[str, tuple[int, ...]],

@@ -864,6 +864,33 @@ def quick_estimate(g: ConvGeom, p: ConvPlan, config: HwConfig, ep: EpiloguePlan
             fill_tail)
 
 
+_PLAN_CACHE: dict[tuple, list[ConvPlan]] = {}
+_PLAN_CACHE_SIZE = 256
+
+
+def _epilogue_shape(ep: EpiloguePlan) -> tuple:
+    """What of an epilogue plan the tiling depends on: its steps' kinds, ops and operand
+    forms and its parameter rows, not the values (layers differing only in weights, biases
+    and scales tile alike)."""
+    def step(st: EpStep | None) -> tuple | None:
+        return None if st is None else (st.kind, st.op, st.imm is None, st.param)
+    return (tuple(step(st) for st in ep.steps), step(ep.init),
+            tuple(p.size > 1 for p in ep.params))
+
+
+def cached_conv_plans(g: ConvGeom, config: HwConfig, ep: EpiloguePlan, threads: int,
+                      top: int, pipeline: bool) -> list[ConvPlan]:
+    """:func:`plan_conv_tiles`, remembered per geometry and epilogue shape: a network
+    repeats layer shapes (ResNet-18 has four 56x56 3x3 convolutions), and the tiling search
+    is most of a layer's compile time."""
+    key = (replace(g, name=""), config, _epilogue_shape(ep), threads, top, pipeline)
+    if key not in _PLAN_CACHE:
+        if len(_PLAN_CACHE) >= _PLAN_CACHE_SIZE:
+            _PLAN_CACHE.pop(next(iter(_PLAN_CACHE)))
+        _PLAN_CACHE[key] = plan_conv_tiles(g, config, ep, threads, top, pipeline)
+    return list(_PLAN_CACHE[key])
+
+
 def plan_conv_tiles(g: ConvGeom, config: HwConfig, ep: EpiloguePlan, threads: int = 2,
                     top: int = 1, pipeline: bool = True) -> list[ConvPlan]:
     """Legal tilings of ``g`` ranked by :func:`estimate_conv_cycles` (best ``top`` returned).
@@ -1053,6 +1080,10 @@ def emit_epilogue(em: Emitter, ep: EpiloguePlan, *, acc_base: int, nb_n: int, ob
     for st in ep.steps:
         if st.kind == "residual":
             em.emit(*residual_loads(st.tensor, scratch_base))
+            if st.op:
+                em.emit(tile_alu(em, ep, replace(st, kind="alu"), acc_base=scratch_base,
+                                 nb_n=nb_n, ob_n=ob_n, pixels=pixels, ob0=ob0,
+                                 param_base=param_base, param_starts=param_starts, where=where))
             op = ALU_OPS.by_name("ADD")
             nest = map_nest([dim("rows", rows, dst=1, src=1)], (acc_base, scratch_base, 0),
                             kind="alu", isa=isa, distance=op.timing.hazard_distance(False),
@@ -1121,13 +1152,13 @@ def tensorize_conv2d(em: Emitter, op: Conv2d | Dense, inp: TensorInfo, out: Tens
     else:
         def ranked() -> Iterator[ConvPlan]:
             tried = set()
-            sources = [lambda: plan_conv_tiles(g, c, ep, threads, top=PLAN_FALLBACKS)]
+            sources = [lambda: cached_conv_plans(g, c, ep, threads, PLAN_FALLBACKS, True)]
             if threads > 1:
                 # Last resorts on small uop buffers: two slots need half the kernels of
                 # four regions, one thread a quarter.
-                sources += [lambda: plan_conv_tiles(g, c, ep, threads, top=PLAN_FALLBACKS // 2,
-                                                    pipeline=False),
-                            lambda: plan_conv_tiles(g, c, ep, 1, top=PLAN_FALLBACKS // 2)]
+                sources += [lambda: cached_conv_plans(g, c, ep, threads, PLAN_FALLBACKS // 2,
+                                                      False),
+                            lambda: cached_conv_plans(g, c, ep, 1, PLAN_FALLBACKS // 2, True)]
             for source in sources:
                 for p in source():
                     if replace(p, est_cycles=0) not in tried:
@@ -1190,7 +1221,7 @@ def tensorize_conv2d(em: Emitter, op: Conv2d | Dense, inp: TensorInfo, out: Tens
                           for nb in range(it.nb0, it.nb1) for cb in range(it.c0, it.c1)]
                 if rows <= 0 or cols <= 0:
                     # The tile sees only padding (e.g. a padded 1x1 kernel at the border): the DMA
-                    # writes zeros only, as y padding of an empty read.
+                    # writes only the pad value, as y padding of an empty read.
                     if it.rows > em.max_dma["y_pad_0"]:
                         raise CompileError(
                             f"{where}: an input tile of {it.rows} rows lies entirely in the "
@@ -1199,13 +1230,14 @@ def tensorize_conv2d(em: Emitter, op: Conv2d | Dense, inp: TensorInfo, out: Tens
                             op=op.name)
                     out_ += [Load(mem=MemType.INP, sram_base=s.inp_slot * budget.inp_slot + so,
                                   dram_base=in_elem + do, y_size=0, x_size=it.cols,
-                                  x_stride=it.cols, y_pad_0=it.rows) for so, do in planes]
+                                  x_stride=it.cols, y_pad_0=it.rows, pad_value=conv.pad_value)
+                             for so, do in planes]
                 else:
                     out_ += plane_dmas(Load, mem=MemType.INP,
                                        sram_base=s.inp_slot * budget.inp_slot,
                                        dram_base=in_elem, planes=planes, rows=rows, cols=cols,
                                        row_stride=g.w * g.row_step, pads=it.pads,
-                                       max_fields=em.max_dma)
+                                       pad_value=conv.pad_value, max_fields=em.max_dma)
             if s.load_wgt:
                 ob_n, j_n = t.ob1 - t.ob0, s.j1 - s.j0
                 out_.append(Load(mem=MemType.WGT, sram_base=s.wgt_slot * budget.wgt_slot,

@@ -37,6 +37,8 @@ class Emitter:
         self._uops: list[Uop] = []
         self._uop_load: int | None = None
         self._op = ""
+        #: ``(operator, index of its first instruction in insns)``, in order.
+        self._op_starts: list[tuple[str, int]] = []
         #: Accumulator rows the previous operator's last tile used: the next operator starts
         #: its slot rotation elsewhere, so its first tile need not wait for that store.
         self.last_acc_rows: tuple[int, int] | None = None
@@ -89,6 +91,7 @@ class Emitter:
     def begin_op(self, name: str) -> None:
         """Start an operator: a placeholder for its uop LOAD, an empty kernel cache."""
         self._op = name
+        self._op_starts.append((name, len(self.insns)))
         self._kernels = {}
         self._uops = []
         self._uop_load = len(self.insns)
@@ -134,9 +137,18 @@ class Emitter:
         self._uop_load = None
 
     def finish(self) -> Program:
+        """The program: the instructions emitted, then FINISH."""
         from tessera.isa import Finish
         self.program.instructions = [i for i in self.insns if i is not None] + [Finish()]
         return self.program
+
+    def op_bounds(self) -> list[tuple[str, int, int]]:
+        """``(operator, first, end)``: each operator's instructions in the finished program
+        (before tokens; see :func:`~.sync.insert_dependency_tokens` for the mapping after)."""
+        kept = np.cumsum([0] + [i is not None for i in self.insns])
+        starts = [(name, int(kept[k])) for name, k in self._op_starts]
+        ends = [s for _, s in starts[1:]] + [int(kept[-1])]
+        return [(name, s, e) for (name, s), e in zip(starts, ends)]
 
 
 def dma_cycles(config: HwConfig, insn: Load | Store) -> int:
@@ -150,12 +162,12 @@ def dma_cycles(config: HwConfig, insn: Load | Store) -> int:
 
 def plane_dmas(kind: type, *, mem: MemType, sram_base: int, dram_base: int,
                planes: list[tuple[int, int]], rows: int, cols: int, row_stride: int,
-               pads: tuple[int, int, int, int] = (0, 0, 0, 0),
+               pads: tuple[int, int, int, int] = (0, 0, 0, 0), pad_value: int = 0,
                max_fields: dict[str, int]) -> list[Load | Store]:
     """DMAs moving ``len(planes)`` 2-D planes of ``rows x cols`` elements.
 
     ``planes`` lists ``(sram offset, dram offset)`` of each plane; the SRAM side
-    of a plane is contiguous (with its zero padding, for loads), the DRAM side
+    of a plane is contiguous (with its padding of ``pad_value``, for loads), the DRAM side
     has rows ``row_stride`` elements apart. Planes equally spaced on both
     sides and without padding merge into fewer DMAs, when the fields allow.
     """
@@ -182,7 +194,8 @@ def plane_dmas(kind: type, *, mem: MemType, sram_base: int, dram_base: int,
             raise CompileError(f"a DMA row stride of {row_stride} elements or {rows} rows "
                                f"exceed the DMA fields (x_stride <= {max_fields['x_stride']}, "
                                f"y_size <= {max_fields['y_size']})")
-        fields = dict(y_pad_0=y0, y_pad_1=y1, x_pad_0=x0, x_pad_1=x1) if kind is Load else {}
+        fields = dict(y_pad_0=y0, y_pad_1=y1, x_pad_0=x0, x_pad_1=x1,
+                      pad_value=pad_value if padded else 0) if kind is Load else {}
         out.append(kind(mem=mem, sram_base=sram_base + s_off, dram_base=dram_base + d_off,
                         y_size=rows, x_size=cols, x_stride=row_stride, **fields))
     return out

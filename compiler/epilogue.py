@@ -34,7 +34,7 @@ from tessera.isa import ALU_OPS, Opcode, clip_imm, get_isa
 from tessera.isa import requant as rq
 
 from tessera.errors import CompileError
-from .ops import INT32_MAX, INT32_MIN, AddConst, Bias, Clip, Requant, Residual, Shift, Stage
+from .ops import INT32_MAX, INT32_MIN, AddConst, Bias, Clip, Mul, Requant, Residual, Shift, Stage
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,8 @@ class EpStep:
 
     ``kind`` is ``"alu"`` (an ALU op with ``imm`` or the parameter vector
     ``param``) or ``"residual"`` (load ``tensor`` into scratch rows and add
-    it).
+    it; with ``op`` ``"MUL"`` the loaded rows are first multiplied by ``imm``
+    or ``param``).
     """
 
     kind: str
@@ -169,9 +170,18 @@ def plan_epilogue(stages: tuple[Stage, ...], *, channels: int, config: HwConfig,
             alu("SHR", n)
             rng(lo >> n, hi >> n)
         elif isinstance(st, Residual):
-            plan.steps.append(EpStep("residual", tensor=st.tensor))
-            rlo, rhi = -(1 << 7), (1 << 7) - 1
-            rng(lo + rlo, hi + rhi)
+            r = (1 << (config.out_width - 1)) * abs(int(st.scale))
+            if st.scale == 1:
+                plan.steps.append(EpStep("residual", tensor=st.tensor))
+            else:
+                mul = alu_step("MUL", int(st.scale))
+                plan.steps.append(EpStep("residual", "MUL", mul.imm, mul.param, st.tensor))
+            rng(lo - r, hi + r)
+        elif isinstance(st, Mul):
+            v = channel_vector(st.value, "multiplier").astype(np.int64)
+            alu("MUL", v)
+            ends = [lo * int(v.min()), lo * int(v.max()), hi * int(v.min()), hi * int(v.max())]
+            rng(min(ends), max(ends))
         elif isinstance(st, AddConst):
             alu("ADD", int(st.value))
             rng(lo + int(st.value), hi + int(st.value))
@@ -254,7 +264,9 @@ def reference_stages(acc: np.ndarray, stages: tuple[Stage, ...], channel_axis: i
                     a = wrap(a + (1 << (st.amount - 1)))
                 a = a >> st.amount
         elif isinstance(st, Residual):
-            a = wrap(a + residuals[st.tensor].astype(np.int64))
+            a = wrap(a + wrap(int(st.scale) * residuals[st.tensor].astype(np.int64)))
+        elif isinstance(st, Mul):
+            a = wrap(a * per_channel(np.asarray(st.value, dtype=np.int64)))
         elif isinstance(st, Clip):
             a = np.clip(a, st.lo if st.lo is not None else INT32_MIN,
                         st.hi if st.hi is not None else INT32_MAX)

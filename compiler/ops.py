@@ -22,7 +22,8 @@ Epilogue stages act on the int32 accumulator of each output value:
   formula, bit-exact, saturated to int32; per tensor or per channel);
 * :class:`Shift` ``acc = acc >> n`` (arithmetic; with ``rounding`` it adds
   ``2**(n-1)`` first: round half up) -- the power-of-two requantization;
-* :class:`Residual` ``acc += r`` for a second tensor ``r`` of the output's shape;
+* :class:`Residual` ``acc += scale * r`` for a second tensor ``r`` of the output's shape;
+* :class:`Mul` ``acc *= value`` (wrapping; per tensor or per channel);
 * :class:`Clip` ``acc = min(max(acc, lo), hi)``; :func:`relu` is ``Clip(0, None)``;
 * :class:`AddConst` ``acc += value`` (an output zero point).
 
@@ -36,6 +37,7 @@ from typing import Sequence, Union
 import numpy as np
 
 from tessera.errors import CompileError
+from tessera.isa.encoding import PAD_VALUE_BITS
 
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 
@@ -69,9 +71,21 @@ class Shift:
 
 @dataclass(frozen=True)
 class Residual:
-    """``acc += tensor`` (element by element, same shape as the output)."""
+    """``acc += scale * tensor`` (element by element, same shape as the output).
+
+    A ``scale`` other than 1 lets two quantized tensors with different scales be added
+    in fixed point (see :func:`qlinear_add`).
+    """
 
     tensor: str
+    scale: int = 1
+
+
+@dataclass(frozen=True, eq=False)
+class Mul:
+    """``acc = acc * value`` (int32, wrapping; a scalar or one value per channel)."""
+
+    value: Union[int, np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -89,7 +103,7 @@ class AddConst:
     value: int
 
 
-Stage = Union[Bias, Requant, Shift, Residual, Clip, AddConst]
+Stage = Union[Bias, Requant, Shift, Residual, Clip, AddConst, Mul]
 
 
 def relu() -> Clip:
@@ -146,7 +160,9 @@ class Conv2d:
     """2-D convolution ``output = epilogue(conv(input, weight))``.
 
     ``weight`` is ``(O, I/groups, kh, kw)`` integers; ``padding`` is an int,
-    ``(pad_h, pad_w)`` or ``(top, left, bottom, right)``.
+    ``(pad_h, pad_w)`` or ``(top, left, bottom, right)``. The padding holds
+    ``pad_value`` (an input's zero point, so a zero point folded into the bias is
+    exact at the borders too).
     """
 
     name: str
@@ -158,9 +174,14 @@ class Conv2d:
     dilation: int | tuple[int, int] = 1
     groups: int = 1
     epilogue: tuple[Stage, ...] = ()
+    pad_value: int = 0
 
     def __post_init__(self) -> None:
         self.weight = np.asarray(self.weight)
+        lim = 1 << (PAD_VALUE_BITS - 1)
+        if not -lim <= int(self.pad_value) < lim:
+            raise CompileError(f"conv2d {self.name!r}: pad_value must be a signed "
+                               f"{PAD_VALUE_BITS}-bit value, not {self.pad_value}", op=self.name)
         if self.weight.ndim != 4:
             raise CompileError(f"conv2d {self.name!r}: weight must be (O, I/groups, kh, kw), "
                                f"not shape {self.weight.shape}", op=self.name)

@@ -21,8 +21,7 @@ host-side input transforms.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -72,37 +71,19 @@ class KernelPacking:
                             out[:, i, j, :, q, r] = w[:, :, ky, kx]
         return out.reshape(o, self.gy * self.gx * c, kh2, kw2)
 
-    def input_transform(self, conv: Conv2d, in_shape: tuple[int, int, int, int]
-                        ) -> Callable[[np.ndarray], np.ndarray]:
-        """The host-side transform from the original input to the packed one."""
-        shape, (kh2, kw2), _, _, (sub_y, sub_x) = self.geometry(conv, in_shape)
+    def input_transform(self, conv: Conv2d, in_shape: tuple[int, int, int, int],
+                        source: str = "") -> "PackedInput":
+        """The host-side transform from the original input ``source`` to the packed one."""
+        shape, _, _, _, (sub_y, sub_x) = self.geometry(conv, in_shape)
         (sy, sx), (dy, dx) = conv.stride, conv.dilation
-        t, l, b, r = conv.padding
-        gy, gx = self.gy, self.gx
-        step_y, step_x = (sy if sub_y else 1), (sx if sub_x else 1)
-        rows, cols = shape[2], shape[3]
-
-        def transform(x: np.ndarray) -> np.ndarray:
-            x = np.asarray(x)
-            n, c, h, w = x.shape
-            # Enough zero padding that every shifted window stays inside.
-            need_h = (rows - 1) * step_y + (gy - 1) * dy + 1
-            need_w = (cols - 1) * step_x + (gx - 1) * dx + 1
-            xp = np.zeros((n, c, max(need_h, h + t + b), max(need_w, w + l + r)), dtype=x.dtype)
-            xp[:, :, t:t + h, l:l + w] = x
-            parts = []
-            for i in range(gy):
-                for j in range(gx):
-                    parts.append(xp[:, :, i * dy:i * dy + (rows - 1) * step_y + 1:step_y,
-                                    j * dx:j * dx + (cols - 1) * step_x + 1:step_x])
-            return np.concatenate(parts, axis=1)
-
-        return transform
+        return PackedInput(source, self.gy, self.gx, shape[2], shape[3], sy if sub_y else 1,
+                           sx if sub_x else 1, dy, dx, tuple(conv.padding), int(conv.pad_value))
 
     def rewrite(self, conv: Conv2d, in_shape, new_input: str) -> Conv2d:
         _, _, stride, dil, _ = self.geometry(conv, in_shape)
         return Conv2d(conv.name, new_input, conv.output, self.pack_weight(conv.weight),
-                      stride=stride, padding=0, dilation=dil, groups=1, epilogue=conv.epilogue)
+                      stride=stride, padding=0, dilation=dil, groups=1, epilogue=conv.epilogue,
+                      pad_value=conv.pad_value)
 
 
 def gemm_ops_per_pixel(kh: int, kw: int, c: int, block: int, p: KernelPacking) -> int:
@@ -147,7 +128,7 @@ def pack_small_channel_convs(ops: list[Op], input_shapes: dict[str, tuple[int, .
             readers[t] = readers.get(t, 0) + 1
     new_ops: list[Op] = []
     shapes = dict(input_shapes)
-    transforms: dict[str, Callable[[np.ndarray], np.ndarray]] = {}
+    transforms: dict[str, PackedInput] = {}
     for op in ops:
         if isinstance(op, Conv2d) and op.input in input_shapes:
             in_shape = tuple(input_shapes[op.input])
@@ -156,16 +137,55 @@ def pack_small_channel_convs(ops: list[Op], input_shapes: dict[str, tuple[int, .
                 if p is not None:
                     name = op.input if readers[op.input] == 1 else f"{op.input}.packed"
                     shape = p.geometry(op, in_shape)[0]
-                    fn = p.input_transform(op, in_shape)  # type: ignore[arg-type]
                     shapes[name] = shape
-                    transforms[name] = _source(op.input, fn)
+                    transforms[name] = p.input_transform(op, in_shape,  # type: ignore[arg-type]
+                                                         op.input)
                     new_ops.append(p.rewrite(op, in_shape, name))
                     continue
         new_ops.append(op)
     return new_ops, shapes, transforms
 
 
-def _source(source: str, fn: Callable[[np.ndarray], np.ndarray]):
-    """Tag a transform with the program input it reads."""
-    fn.source = source  # type: ignore[attr-defined]
-    return fn
+@dataclass(frozen=True)
+class PackedInput:
+    """The host-side transform of :class:`KernelPacking`: program input ``source`` padded
+    (with ``pad_value``) and its ``gy x gx`` shifted windows concatenated on channels::
+
+        X'[n, (i, j, c), y, x] = Xpad[n, c, y*step_y + i*dy, x*step_x + j*dx]
+
+    A plain record (``to_dict``/``from_dict``) so compiled model files can store it.
+    """
+
+    source: str
+    gy: int
+    gx: int
+    rows: int
+    cols: int
+    step_y: int
+    step_x: int
+    dy: int
+    dx: int
+    padding: tuple[int, int, int, int]
+    pad_value: int = 0
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x)
+        n, c, h, w = x.shape
+        t, l, b, r = self.padding
+        # Enough padding that every shifted window stays inside.
+        need_h = (self.rows - 1) * self.step_y + (self.gy - 1) * self.dy + 1
+        need_w = (self.cols - 1) * self.step_x + (self.gx - 1) * self.dx + 1
+        xp = np.full((n, c, max(need_h, h + t + b), max(need_w, w + l + r)), self.pad_value,
+                     dtype=x.dtype)
+        xp[:, :, t:t + h, l:l + w] = x
+        parts = [xp[:, :, i * self.dy:i * self.dy + (self.rows - 1) * self.step_y + 1:self.step_y,
+                    j * self.dx:j * self.dx + (self.cols - 1) * self.step_x + 1:self.step_x]
+                 for i in range(self.gy) for j in range(self.gx)]
+        return np.concatenate(parts, axis=1)
+
+    def to_dict(self) -> dict:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "PackedInput":
+        return cls(**{**d, "padding": tuple(d["padding"])})

@@ -19,7 +19,7 @@ def conv2d(x: np.ndarray, op: Conv2d) -> np.ndarray:
     n, c, h, w = x.shape
     o, icg, kh, kw = op.weight.shape
     (sy, sx), (dy, dx), (t, l, b, r) = op.stride, op.dilation, op.padding
-    xp = np.zeros((n, c, h + t + b, w + l + r), dtype=np.int64)
+    xp = np.full((n, c, h + t + b, w + l + r), op.pad_value, dtype=np.int64)
     xp[:, :, t:t + h, l:l + w] = x
     _, _, oh, ow = op.output_shape((n, c, h, w))
     g = op.groups

@@ -50,6 +50,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from tessera.isa import Alu, Finish, Gemm, Instruction, Program
 from tessera.timing import compute_unit
 
@@ -88,6 +90,8 @@ class _Rec:
     after: list[int] = field(default_factory=lambda: [-1] * _N)
     flags: dict[str, bool] = field(default_factory=dict)
     carrier: bool = False
+    #: Index of the instruction in the input program (-1: a carrier added here).
+    source: int = -1
     banks: frozenset[int] = frozenset()
     partner: "_Rec | None" = None
 
@@ -111,6 +115,15 @@ class SyncStats:
     #: GEMM/ALU instructions that run with ``overlap``, and those whose flag was cleared.
     overlaps: int = 0
     overlaps_cleared: int = 0
+    #: For each output instruction, its index in the input program (-1: a carrier).
+    sources: list[int] = field(default_factory=list)
+
+    def map_bounds(self, bounds: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
+        """Instruction ranges ``(name, first, end)`` of the input program as ranges of the
+        output (a carrier belongs to the range of the instruction before it)."""
+        sources = np.maximum.accumulate(np.asarray(self.sources, dtype=np.int64))
+        return [(name, int(np.searchsorted(sources, s)), int(np.searchsorted(sources, e)))
+                for name, s, e in bounds]
 
 
 def _max(a: list[int], b: list[int]) -> list[int]:
@@ -229,7 +242,7 @@ def insert_dependency_tokens(program: Program) -> Program:
         append(carrier, cvc)
         return carrier
 
-    for insn in insns:
+    for source, insn in enumerate(insns):
         clean = insn.replace(pop_prev=False, pop_next=False, push_prev=False, push_next=False)
         m = module_index(insn)
         acc = analyzer.access(insn)
@@ -237,7 +250,7 @@ def insert_dependency_tokens(program: Program) -> Program:
         need = tracker.needs(lanes, acc)
         if isinstance(insn, Finish):
             need = [len(lane_recs[k]) - 1 if k not in lanes else -1 for k in range(_N)]
-        rec = _Rec(clean, m, lanes)
+        rec = _Rec(clean, m, lanes, source=source)
         if m == COMPUTE:
             if rec.overlap:
                 unit = compute_unit(clean)
@@ -288,5 +301,5 @@ def insert_dependency_tokens(program: Program) -> Program:
                 dst = r.module + (1 if flag == "push_next" else -1)
                 tokens[f"{MODULE_NAMES[r.module]}->{MODULE_NAMES[dst]}"] += 1
     new.sync_stats = SyncStats(tokens, sum(r.carrier for r in out),  # type: ignore[attr-defined]
-                               kept, requested - kept)
+                               kept, requested - kept, [r.source for r in out])
     return new

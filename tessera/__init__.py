@@ -4,9 +4,49 @@ The core package holds what every layer shares and imports nothing heavy:
 the hardware configuration (:mod:`tessera.config`), the instruction set
 (:mod:`tessera.isa`), the timing model (:mod:`tessera.timing`) and the error
 hierarchy (:mod:`tessera.errors`).
+
+The model API sits on top and loads the compiler and the runtime only when called::
+
+    model = tessera.compile("net.onnx", target="pynq", calibration=samples)
+    outputs, profile = model.run({"input": x}, backend="sim")
+    model.save("net.tsr")
+    model = tessera.load("net.tsr")
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
 from .config import PRESETS, HwConfig, get_config
 from .errors import TesseraError
 
+if TYPE_CHECKING:
+    from .runtime.executor import Model
+
 __version__ = "0.1.0"
-__all__ = ["HwConfig", "PRESETS", "TesseraError", "get_config", "__version__"]
+__all__ = ["HwConfig", "PRESETS", "TesseraError", "compile", "get_config", "load",
+           "__version__"]
+
+
+def compile(model: Any, target: str | HwConfig = "pynq", *,
+            calibration: Sequence[Mapping[str, Any]] | None = None,
+            input_shapes: Mapping[str, Sequence[int]] | None = None,
+            force_cpu: Sequence[str] = (), host: Any = None, progress: Any = None) -> "Model":
+    """Compile an ONNX model (``ModelProto``, path or bytes) for the config ``target``.
+
+    A float model is quantized to int8 from ``calibration`` (a list of input feeds);
+    an int8 QDQ model compiles as it is. ``force_cpu`` keeps named nodes off the
+    accelerator; ``host`` (a :class:`~tessera.compiler.partition.HostCost`) is what the
+    placement assumes of the host CPU. Returns a :class:`~tessera.runtime.executor.Model`
+    (``run``, ``save``, ``summary``). See :func:`tessera.compiler.model.compile_model`.
+    """
+    from .compiler.model import compile_model
+    from .runtime.executor import Model
+    return Model(compile_model(model, target, calibration=calibration,
+                               input_shapes=input_shapes, force_cpu=force_cpu, host=host,
+                               progress=progress))
+
+
+def load(path: Any) -> "Model":
+    """Load a compiled model file (``.tsr``) written by ``Model.save``."""
+    from .runtime.executor import Model
+    return Model.load(path)

@@ -16,7 +16,228 @@ def _config_arg(p: argparse.ArgumentParser) -> None:
                    help=f"preset ({', '.join(PRESETS)}) or config JSON file (default: {DEFAULT_PRESET})")
 
 
+# ------------------------------------------------------------------ models
+class _StageProgress:
+    """``progress(stage, done, total)`` callbacks drawn as one bar per stage."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.bar = None
+        self.stage = None
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        from .progress import Progress
+        if stage != self.stage:
+            self.close()
+            self.stage = stage
+            if stage != "done":
+                self.bar = Progress(total, f"{self.label}: {stage}")
+        if self.bar is not None:
+            self.bar.set(done)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def _parse_shapes(items: Sequence[str] | None) -> dict[str, list[int]] | None:
+    if not items:
+        return None
+    shapes = {}
+    for item in items:
+        name, _, dims = item.partition("=")
+        try:
+            shapes[name] = [int(d) for d in dims.split(",")]
+        except ValueError:
+            raise TesseraError(f"--input-shape {item!r}: write NAME=D0,D1,... (e.g. "
+                               "input=1,3,224,224)") from None
+    return shapes
+
+
+def _load_arrays(paths: Sequence[str]) -> dict:
+    """Arrays from .npz files (by key) and NAME=FILE.npy items."""
+    import numpy as np
+    arrays = {}
+    for item in paths:
+        name, sep, path = item.partition("=")
+        if not sep:
+            name, path = "", item
+        try:
+            data = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise TesseraError(f"cannot read {path!r}: {exc}") from None
+        if isinstance(data, np.ndarray):
+            if not name:
+                raise TesseraError(f"{path!r} is a .npy file: name the input it holds, "
+                                   f"NAME={path}")
+            arrays[name] = data
+        else:
+            arrays.update({name or k: data[k] for k in data.files})
+    return arrays
+
+
+def _calibration(args: argparse.Namespace, model) -> list[dict]:
+    """Calibration feeds: arrays with a leading sample axis, or random samples."""
+    if args.calibration:
+        arrays = _load_arrays(args.calibration)
+        counts = {len(v) for v in arrays.values()}
+        if len(counts) != 1:
+            raise TesseraError("calibration arrays must hold the same number of samples "
+                               "(the leading axis)")
+        return [{k: v[i] for k, v in arrays.items()} for i in range(counts.pop())]
+    if args.random_calibration:
+        from .compiler.zoo import calibration_data
+        return calibration_data(model, args.random_calibration)
+    return None  # type: ignore[return-value]
+
+
+def _compile(args: argparse.Namespace):
+    import onnx
+
+    from . import compile as compile_model
+    path = Path(args.model)
+    if not path.exists():
+        raise TesseraError(f"model file {str(path)!r} does not exist")
+    if path.suffix == ".tsr":
+        from . import load
+        return load(path)
+    try:
+        proto = onnx.load(str(path))
+    except Exception as exc:  # noqa: BLE001  (protobuf raises several unrelated types)
+        raise TesseraError(f"{str(path)!r} is not an ONNX model: {exc}") from None
+    bar = _StageProgress(f"compiling {path.name}")
+    try:
+        return compile_model(proto, args.config, calibration=_calibration(args, proto),
+                             input_shapes=_parse_shapes(args.input_shape),
+                             force_cpu=args.force_cpu or (), progress=bar)
+    finally:
+        bar.close()
+
+
+def _cmd_compile(args: argparse.Namespace) -> int:
+    model = _compile(args)
+    out = Path(args.output or Path(args.model).with_suffix(".tsr"))
+    model.save(out)
+    c = model.compiled
+    print(model.summary())
+    print(f"\n{len(c.placements)} nodes: {c.stats['nodes']['accelerator']} on the accelerator "
+          f"in {c.stats['segments']} segment(s), {c.stats['nodes']['cpu']} on the CPU, "
+          f"{c.stats['nodes']['view']} views; compiled in {c.compile_seconds:.2f} s")
+    print(f"wrote {out} ({out.stat().st_size:,} bytes, config {model.config.name!r})")
+    return 0
+
+
+def _model_inputs(args: argparse.Namespace, model) -> dict:
+    import numpy as np
+    if args.inputs:
+        return _load_arrays(args.inputs)
+    rng = np.random.default_rng(args.seed)
+    print("no --inputs given: running on random inputs", file=sys.stderr)
+    feeds = {}
+    for t in model.inputs:
+        if np.dtype(t.dtype).kind == "f":
+            feeds[t.name] = rng.standard_normal(t.shape).astype(t.dtype)
+        else:
+            info = np.iinfo(t.dtype)
+            feeds[t.name] = rng.integers(info.min, info.max, t.shape, endpoint=True,
+                                         dtype=t.dtype)
+    return feeds
+
+
+def _run(args: argparse.Namespace, model):
+    bar = _StageProgress(f"running on {args.backend}")
+    options = {"bitstream": args.bitstream} if getattr(args, "bitstream", None) else {}
+    try:
+        device = model.device(args.backend, **options)
+        return model.run(_model_inputs(args, model), device=device,
+                         progress=lambda step, done, total: bar("run", done, total))
+    finally:
+        bar.close()
+        model.close()
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    import numpy as np
+    model = _compile(args)
+    outputs, profile = _run(args, model)
+    for name, value in outputs.items():
+        print(f"{name}: {value.dtype}{list(value.shape)}  min {value.min():.6g}  "
+              f"max {value.max():.6g}" + (f"  argmax {int(np.argmax(value))}"
+                                           if value.size > 1 else ""))
+    print(f"accelerator {profile.accel_cycles:,} cycles ({profile.accel_seconds * 1e3:.3f} ms at "
+          f"{model.config.clock_mhz:g} MHz), CPU layers {profile.cpu_seconds * 1e3:.3f} ms, "
+          f"{args.backend} wall time {profile.wall_seconds:.2f} s")
+    if args.output:
+        np.savez(args.output, **outputs)
+        print(f"wrote {args.output}")
+    return 0
+
+
+def _cmd_profile(args: argparse.Namespace) -> int:
+    import json
+    model = _compile(args)
+    _, profile = _run(args, model)
+    if args.json:
+        print(json.dumps(profile.to_dict(), indent=1))
+    else:
+        print(profile.table())
+    _write_profile_files(args, profile)
+    return 0
+
+
+def _write_profile_files(args: argparse.Namespace, profile) -> None:
+    if getattr(args, "timeline", None):
+        print(f"timeline written to {profile.write_timeline(args.timeline)}")
+    if getattr(args, "trace", None):
+        print(f"Perfetto trace written to {profile.write_perfetto(args.trace)} "
+              "(open it in https://ui.perfetto.dev)")
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
+    if args.gemm:
+        return _gemm_demo(args)
+    import numpy as np
+
+    from . import compile as compile_model
+    from .compiler import zoo
+    from .compiler.check import int8_agreement, output_scales, reference_outputs
+    config = get_config(args.config)
+    t0 = time.perf_counter()
+    model = zoo.ZOO[args.model]()
+    print(f"Tessera demo: {args.model} ({zoo.parameter_count(model):,} parameters, "
+          f"{zoo.mac_count(model):,} MACs) built from numpy weights, quantized to int8 with "
+          f"onnxruntime's PTQ, compiled for {config.name!r}, run on the simulator, checked "
+          "against onnxruntime")
+    bar = _StageProgress("compiling")
+    try:
+        compiled = compile_model(model, config, calibration=zoo.calibration_data(model),
+                                 progress=bar)
+    finally:
+        bar.close()
+    c = compiled.compiled
+    print(f"compiled in {c.compile_seconds:.2f} s: {c.stats['nodes']['accelerator']} nodes on "
+          f"the accelerator ({c.stats['segments']} program(s)), {c.stats['nodes']['cpu']} on "
+          "the CPU")
+    x = zoo.calibration_data(model, 1, seed=args.seed)[0]
+    outputs, profile = compiled.run(x, backend="sim")
+    reference = reference_outputs(c.reference, x)
+    scales = output_scales(c.reference)
+    ok = True
+    for name, ours in outputs.items():
+        agree = int8_agreement(ours, reference[name], scales[name])
+        ok &= agree.fraction >= 0.999 and agree.max_steps <= 1
+        print(f"{name} vs onnxruntime: {agree}; top-1 {int(np.argmax(ours))} "
+              f"(onnxruntime {int(np.argmax(reference[name]))})")
+    print()
+    print(profile.table())
+    _write_profile_files(args, profile)
+    compiled.close()
+    print(f"\ndemo finished in {time.perf_counter() - t0:.1f} s")
+    return 0 if ok else 1
+
+
+def _gemm_demo(args: argparse.Namespace) -> int:
     import numpy as np
 
     from .kernels.gemm import gemm_program, plan_gemm, read_result, reference_gemm
@@ -160,15 +381,64 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"tessera {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("demo", help="run a GEMM on the simulator and check it against numpy")
+    p = sub.add_parser("demo", help="build a small CNN, quantize, compile, simulate and check "
+                                    "it against onnxruntime (--gemm: a hand-written GEMM)")
     _config_arg(p)
-    p.add_argument("--size", type=int, default=256, help="M = N = K (default 256)")
-    p.add_argument("--threads", type=int, default=2, choices=(1, 2), help="virtual threads")
+    p.add_argument("--model", default="small_resnet", choices=("mlp", "lenet", "small_resnet",
+                                                               "mobilenet", "resnet18"),
+                   help="zoo model (default small_resnet)")
+    p.add_argument("--timeline", metavar="PNG", help="write a timeline of the queues")
+    p.add_argument("--gemm", action="store_true",
+                   help="the int8 GEMM demo instead (--size, --threads, --shift)")
+    p.add_argument("--size", type=int, default=256, help="GEMM: M = N = K (default 256)")
+    p.add_argument("--threads", type=int, default=2, choices=(1, 2),
+                   help="GEMM: virtual threads")
     p.add_argument("--shift", type=int, default=8,
-                   help="requantize with SHR by this amount, 0 for none (default 8)")
+                   help="GEMM: requantize with SHR by this amount, 0 for none (default 8)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trace", metavar="FILE", help="write a Perfetto/Chrome trace JSON")
     p.set_defaults(func=_cmd_demo)
+
+    def model_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("model", help="an ONNX model (compiled first) or a compiled .tsr file")
+        p.add_argument("--config", "--target", dest="config", default=DEFAULT_PRESET,
+                       help=f"config to compile for (default {DEFAULT_PRESET}; a .tsr has its "
+                            "own)")
+        p.add_argument("--calibration", nargs="+", metavar="FILE",
+                       help="calibration samples for a float model: .npz files whose arrays "
+                            "(named as the inputs) stack samples on the first axis")
+        p.add_argument("--random-calibration", type=int, metavar="N",
+                       help="calibrate on N random normal samples (for trying things out)")
+        p.add_argument("--input-shape", nargs="+", metavar="NAME=D0,D1,...",
+                       help="fix dynamic input dimensions")
+        p.add_argument("--force-cpu", nargs="+", metavar="NODE", help="keep nodes on the CPU")
+
+    def run_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--inputs", nargs="+", metavar="FILE",
+                       help="inputs: .npz files (arrays named as the inputs) or NAME=FILE.npy "
+                            "(default: random)")
+        p.add_argument("--backend", default="sim", choices=("sim", "rtl", "pynq"))
+        p.add_argument("--bitstream", help="pynq: the .bit file (its .hwh beside it)")
+        p.add_argument("--seed", type=int, default=0, help="seed of random inputs")
+
+    p = sub.add_parser("compile", help="compile an ONNX model into a .tsr file")
+    model_args(p)
+    p.add_argument("-o", "--output", help="output file (default: the model with .tsr)")
+    p.set_defaults(func=_cmd_compile)
+
+    p = sub.add_parser("run", help="run a model and write its outputs (.npz)")
+    model_args(p)
+    run_args(p)
+    p.add_argument("-o", "--output", metavar="FILE.npz", help="write the outputs")
+    p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("profile", help="run a model and print its per-layer profile")
+    model_args(p)
+    run_args(p)
+    p.add_argument("--timeline", metavar="PNG", help="write a timeline of the queues (sim)")
+    p.add_argument("--trace", metavar="FILE", help="write a Perfetto trace JSON (sim)")
+    p.add_argument("--json", action="store_true", help="print the profile as JSON")
+    p.set_defaults(func=_cmd_profile)
 
     p = sub.add_parser("isa", help="print the instruction encoding table of a config")
     _config_arg(p)

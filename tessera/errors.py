@@ -147,3 +147,11 @@ class FirewallError(ProgramError):
 class CpuKernelError(TesseraError, ValueError):
     """A CPU fallback kernel that cannot be built, compiled (llvmlite) or called with the
     arrays given (wrong shape or dtype)."""
+
+
+class RunError(TesseraError, ValueError):
+    """A compiled model was given inputs it cannot run on (names, shapes, dtypes, values)."""
+
+
+class TimelineError(TesseraError, ValueError):
+    """A timeline that cannot be drawn: no trace recorded, a bad span, too narrow an image."""

@@ -140,7 +140,7 @@ def run(program: Program) -> SimResult:
 _devices: dict[tuple[str, HwConfig], Any] = {}
 
 
-def _device(backend: str, config: HwConfig):
+def device(backend: str, config: HwConfig):
     """One long-lived device per backend and config (reset to power-up before each run),
     closed when the test process exits."""
     key = (backend, config)
@@ -160,8 +160,8 @@ def _device(backend: str, config: HwConfig):
 
 
 def _close_devices() -> None:
-    for device in _devices.values():
-        device.close()
+    for dev in _devices.values():
+        dev.close()
     _devices.clear()
 
 
@@ -177,9 +177,9 @@ def assert_device_agrees(program: Program, sim: SimResult, backend: str = "rtl")
 
     if backend == "rtl" and program.config.name not in RTL_CONFIGS:
         pytest.skip(f"the rtl backend runs configs {RTL_CONFIGS} in the default test run")
-    device = _device(backend, program.config)
-    device.reset()
-    got = device.run(program)
+    dev = device(backend, program.config)
+    dev.reset()
+    got = dev.run(program)
     expected = sim.dram[:program.insn_addr]
     if RTL_REPORT:
         with open(RTL_REPORT, "a") as f:

@@ -1,0 +1,266 @@
+"""Lowering the fused integer nodes of :mod:`.qdq` to accelerator operators (:mod:`.ops`).
+
+Each ``tessera``-domain node becomes one operator computing onnxruntime's integer result
+on the stored int8 values:
+
+* ``QConv`` -> :class:`~.ops.Conv2d`. The input zero point is folded into the bias
+  (``bias - x_zp * sum(w)`` per output channel) and the padding holds ``x_zp``
+  (LOAD's ``pad_value``), so every output, borders included, equals
+  ``sum((x - x_zp) * w) + bias``; then onnxruntime's requantization
+  (:func:`~.ops.requantize`) clamped to ``[y_min, y_max]``. Bit-exact.
+* ``QGemm`` -> :class:`~.ops.Dense` the same way (no padding). A QGemm reading a
+  ``Flatten`` of an image is first rewritten into a QConv whose kernel covers the image
+  (:func:`convert_flattened_gemms`), which the accelerator runs without a host round
+  trip.
+* ``QMaxPool`` -> :class:`~.ops.Pool2d` ``max`` (padding never wins, as in onnxruntime).
+* ``QGlobalAveragePool`` -> a depthwise :class:`~.ops.Conv2d` of ones over the whole
+  image: ``acc = sum(x) - x_zp * HW`` exactly in int32 and onnxruntime's requantization
+  with ``s = f32(x_scale / f32(y_scale * HW))``. Bit-exact.
+* ``QAdd`` (MLAS computes it in float32) in fixed point: ``y = (A*a + B*b + F +
+  2**(k-1)) >> k`` with ``A, B, F`` the ratios ``a_scale / y_scale``, ``b_scale /
+  y_scale`` and the zero-point term scaled by ``2**k``, ``k`` as large as int32 allows
+  (about 22 bits of fraction: an output differs from onnxruntime's only when its exact
+  value lies within ~1e-5 of a rounding tie). When one operand is the output of a
+  convolution read by nothing else, the add is fused into that convolution's epilogue
+  (:class:`~.ops.Mul` and a scaled :class:`~.ops.Residual`); otherwise it is an
+  :class:`~.ops.Eltwise`.
+
+:func:`accel_unsupported_reason` says why a node cannot run on the accelerator (``None``
+when it can), without building anything.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tessera.config import HwConfig
+from tessera.errors import CompileError
+from tessera.isa import get_isa
+from tessera.isa.requant import requant_scale
+
+from .graph import Graph, Node
+from .ops import (INT32_MAX, AddConst, Clip, Conv2d, Dense, Eltwise, Mul, Op, Pool2d, Residual,
+                  Shift, Stage, requantize)
+from .qdq import DOMAIN
+
+__all__ = ["accel_unsupported_reason", "convert_flattened_gemms", "fuse_add_into_conv",
+           "lower_node", "qlinear_add"]
+
+#: Largest fixed-point fraction for QAdd (k <= 30 keeps 2**(k-1) an int32 immediate).
+_MAX_ADD_FRACTION = 30
+
+
+# ------------------------------------------------------------------------ graph rewrite
+def convert_flattened_gemms(graph: Graph) -> int:
+    """Rewrite ``QGemm(Flatten(x))`` with a 4-D ``x`` into ``Flatten(QConv(x))``.
+
+    The convolution's kernel covers the whole ``H x W`` image (``w.reshape(O, C, H, W)``
+    matches Flatten's C-order), so the accelerator computes the dense layer on the image
+    as it is stored, with no host-side flatten between two accelerator ops. Returns the
+    number of rewrites.
+    """
+    count = 0
+    for gemm in [n for n in graph.nodes if n.domain == DOMAIN and n.op == "QGemm"]:
+        flatten = graph.producer(gemm.inputs[0])
+        if flatten is None or flatten.op != "Flatten" or flatten.attr("axis", 1) != 1:
+            continue
+        x = graph.value(flatten.inputs[0])
+        if len(x.shape) != 4 or len(graph.consumers(flatten.outputs[0])) != 1:
+            continue
+        n, c, h, w = x.shape
+        weight = graph.value(gemm.inputs[1]).data
+        w_name = graph.unique_name(f"{gemm.inputs[1]}.as_conv")
+        graph.add_const(w_name, np.ascontiguousarray(weight.reshape(-1, c, h, w)))
+        y = gemm.outputs[0]
+        o = weight.shape[0]
+        image = graph.unique_name(f"{y}.image")
+        graph.add_value(image, (n, o, 1, 1), graph.value(y).dtype)
+        index = next(i for i, node in enumerate(graph.nodes) if node is gemm)
+        graph.add_node("QConv", [x.name, w_name, *gemm.inputs[2:]], [image],
+                       name=graph.unique_name(f"{gemm.name}.conv"), index=index, domain=DOMAIN,
+                       **gemm.attrs, strides=[1, 1], pads=[0, 0, 0, 0], dilations=[1, 1],
+                       group=1)
+        graph.add_node("Flatten", [image], [y], name=graph.unique_name(f"{gemm.name}.flatten"),
+                       index=index + 1, axis=1)
+        graph.remove_nodes([gemm, flatten])
+        graph.values.pop(flatten.outputs[0], None)
+        count += 1
+    return count
+
+
+# ------------------------------------------------------------------------ support check
+def accel_unsupported_reason(graph: Graph, node: Node, config: HwConfig) -> str | None:
+    """Why ``node`` cannot run on the accelerator of ``config`` (``None``: it can)."""
+    if node.domain != DOMAIN:
+        return (f"{node.op} is not an integer op of the accelerator (only quantized conv, "
+                "dense, add, max and global average pooling are)")
+    dtypes = {graph.value(t).dtype for t in [*node.inputs[:1], *node.outputs]}
+    if node.op == "QAdd":
+        dtypes |= {graph.value(node.inputs[1]).dtype}
+    if dtypes != {"int8"} or config.inp_width != 8 or config.out_width != 8:
+        return (f"the accelerator computes on int8 activations ({config.name!r}: "
+                f"{config.inp_width}-bit inputs, {config.out_width}-bit outputs), this node has "
+                f"{'/'.join(sorted(dtypes))}")
+    shape = graph.value(node.inputs[0]).shape
+    if node.op == "QConv":
+        pad_max = get_isa(config).layouts[0].field("y_pad_0").hi
+        if max(node.attrs["pads"]) > pad_max:
+            return f"padding {max(node.attrs['pads'])} exceeds the load DMA's {pad_max}"
+    elif node.op == "QGemm":
+        if len(shape) != 2:
+            return f"a dense layer needs a 2-D input, not {list(shape)}"
+    elif node.op == "QMaxPool":
+        if list(node.attrs["dilations"]) != [1, 1] or node.attrs["ceil_mode"]:
+            return "max pooling with dilation or ceil_mode is not lowered"
+        if any(p >= k for p, k in zip(node.attrs["pads"], node.attrs["kernel_shape"] * 2)):
+            return "a pooling window would see only padding"
+    elif node.op == "QAdd":
+        if graph.value(node.inputs[1]).shape != shape:
+            return "QAdd operands differ in shape"
+    if len(shape) == 4 and shape[0] % config.batch and shape[0] > config.batch:
+        return f"batch {shape[0]} is not a multiple of the config's {config.batch}"
+    return None
+
+
+# ------------------------------------------------------------------------ lowering
+def lower_node(graph: Graph, node: Node, config: HwConfig) -> Op:
+    """The accelerator operator computing ``node`` (see the module doc)."""
+    reason = accel_unsupported_reason(graph, node, config)
+    if reason is not None:
+        raise CompileError(f"{node.op} node {node.name!r} cannot run on the accelerator: "
+                           f"{reason}", op=node.name)
+    return _LOWERINGS[node.op](graph, node)
+
+
+def _output_stages(node: Node, scale: np.ndarray | float, bias: np.ndarray | None
+                   ) -> tuple[Stage, ...]:
+    a = node.attrs
+    return requantize(scale, int(a["y_zero_point"]), bias=bias,
+                      qmin=int(a.get("y_min", -128)), qmax=int(a.get("y_max", 127)))
+
+
+def _folded_bias(graph: Graph, node: Node, weight: np.ndarray) -> np.ndarray:
+    """``bias - x_zp * sum(w)`` per output channel, wrapped to int32 like the sums."""
+    bias = graph.value(node.inputs[2]).data.astype(np.int64) if len(node.inputs) > 2 \
+        and node.inputs[2] else np.zeros(weight.shape[0], np.int64)
+    sums = weight.reshape(weight.shape[0], -1).astype(np.int64).sum(axis=1)
+    folded = bias - int(node.attrs["x_zero_point"]) * sums
+    return ((folded + (1 << 31)) % (1 << 32)) - (1 << 31)
+
+
+def _weight_scale(node: Node) -> np.ndarray:
+    a = node.attrs
+    return requant_scale(a["x_scale"], a["w_scale"], a["y_scale"])
+
+
+def _lower_qconv(graph: Graph, node: Node) -> Conv2d:
+    a = node.attrs
+    w = graph.value(node.inputs[1]).data
+    t, l, b, r = a["pads"]
+    return Conv2d(node.name, node.inputs[0], node.outputs[0], w, stride=tuple(a["strides"]),
+                  padding=(t, l, b, r), dilation=tuple(a["dilations"]), groups=int(a["group"]),
+                  pad_value=int(a["x_zero_point"]),
+                  epilogue=_output_stages(node, _weight_scale(node),
+                                          _folded_bias(graph, node, w)))
+
+
+def _lower_qgemm(graph: Graph, node: Node) -> Dense:
+    w = graph.value(node.inputs[1]).data
+    return Dense(node.name, node.inputs[0], node.outputs[0], w,
+                 epilogue=_output_stages(node, _weight_scale(node), _folded_bias(graph, node, w)))
+
+
+def _lower_qmaxpool(graph: Graph, node: Node) -> Pool2d:
+    a = node.attrs
+    return Pool2d(node.name, node.inputs[0], node.outputs[0], "max",
+                  kernel=tuple(a["kernel_shape"]), stride=tuple(a["strides"]),
+                  padding=tuple(a["pads"]))
+
+
+def _lower_qgap(graph: Graph, node: Node) -> Conv2d:
+    a = node.attrs
+    n, c, h, w = graph.value(node.inputs[0]).shape
+    f32 = np.float32
+    scale = f32(f32(a["x_scale"]) / (f32(a["y_scale"]) * f32(h * w)))
+    stages = requantize(scale, int(a["y_zero_point"]),
+                        bias=np.full(c, -int(a["x_zero_point"]) * h * w, np.int64))
+    return Conv2d(node.name, node.inputs[0], node.outputs[0], np.ones((c, 1, h, w), np.int8),
+                  groups=c, epilogue=stages)
+
+
+def qlinear_add(a_scale: float, a_zero_point: int, b_scale: float, b_zero_point: int,
+                y_scale: float, y_zero_point: int, y_min: int = -128, y_max: int = 127
+                ) -> tuple[int, int, tuple[Stage, ...]]:
+    """QLinearAdd in fixed point: ``(A, B, stages)`` such that ``acc = A*a``, then
+    ``stages`` (``acc += B*b``, the zero-point term, a rounding shift, the clamp) give
+    ``clip(round(ra*(a - a_zp) + rb*(b - b_zp) + y_zp), y_min, y_max)`` with ``ra, rb``
+    onnxruntime's float32 ratios ``f32(a_scale / y_scale)``, ``f32(b_scale / y_scale)``.
+
+    The residual in the returned stages is named ``"b"``; callers rename it.
+    """
+    f32 = np.float32
+    ra = float(f32(f32(a_scale) / f32(y_scale)))
+    rb = float(f32(f32(b_scale) / f32(y_scale)))
+    fixed = float(y_zero_point) - ra * a_zero_point - rb * b_zero_point
+    k = _MAX_ADD_FRACTION
+    while k > 0 and _add_magnitude(ra, rb, fixed, k) > INT32_MAX:
+        k -= 1
+    if k < 8:
+        raise CompileError(f"QLinearAdd ratios {ra:g} and {rb:g} are too large for an int32 "
+                           "fixed-point add")
+    big_a, big_b = round(ra * 2 ** k), round(rb * 2 ** k)
+    offset = round(fixed * 2 ** k) + (1 << (k - 1))
+    return big_a, big_b, (Residual("b", big_b), AddConst(offset), Shift(k, rounding=False),
+                          Clip(y_min, y_max))
+
+
+def _add_magnitude(ra: float, rb: float, fixed: float, k: int) -> float:
+    """Largest |acc| of the fixed-point add with ``k`` fraction bits (int8 operands)."""
+    scale = 2.0 ** k
+    return 128 * (abs(ra) + abs(rb)) * scale + abs(fixed) * scale + 2 * scale
+
+
+def _qadd_parts(node: Node) -> tuple[int, tuple[Stage, ...]]:
+    """(A, stages) of QAdd ``node``, the residual stage reading its ``b`` input."""
+    a = node.attrs
+    big_a, _, stages = qlinear_add(a["a_scale"], a["a_zero_point"], a["b_scale"],
+                                   a["b_zero_point"], a["y_scale"], a["y_zero_point"],
+                                   a.get("y_min", -128), a.get("y_max", 127))
+    res = stages[0]
+    assert isinstance(res, Residual)
+    return big_a, (Residual(node.inputs[1], res.scale), *stages[1:])
+
+
+def _lower_qadd(graph: Graph, node: Node) -> Eltwise:
+    big_a, stages = _qadd_parts(node)
+    return Eltwise(node.name, "mul", node.inputs[0], node.outputs[0], big_a, stages)
+
+
+def _swapped(node: Node) -> Node:
+    """QAdd ``node`` with its operands (and their parameters) exchanged."""
+    a = dict(node.attrs)
+    for key in ("scale", "zero_point"):
+        a[f"a_{key}"], a[f"b_{key}"] = node.attrs[f"b_{key}"], node.attrs[f"a_{key}"]
+    return Node(node.op, node.name, [node.inputs[1], node.inputs[0]], list(node.outputs), a,
+                node.domain)
+
+
+def fuse_add_into_conv(conv: Conv2d | Dense, add: Node) -> Conv2d | Dense:
+    """``conv`` (writing one operand of QAdd ``add``) with the add in its epilogue: the
+    stored int8 result of the conv (exact in the accumulator after its requantization) is
+    scaled, the other operand added as a scaled residual. The fused op writes the add's
+    output."""
+    node = add if add.inputs[0] == conv.output else _swapped(add)
+    if node.inputs[0] != conv.output or node.inputs[1] == conv.output:
+        raise CompileError(f"{conv.name!r} does not write exactly one operand of "
+                           f"{add.name!r}", op=add.name)
+    big_a, stages = _qadd_parts(node)
+    fused = (*conv.epilogue, Mul(big_a), *stages)
+    if isinstance(conv, Dense):
+        return Dense(conv.name, conv.input, node.outputs[0], conv.weight, epilogue=fused)
+    return Conv2d(conv.name, conv.input, node.outputs[0], conv.weight, stride=conv.stride,
+                  padding=conv.padding, dilation=conv.dilation, groups=conv.groups,
+                  epilogue=fused, pad_value=conv.pad_value)
+
+
+_LOWERINGS = {"QConv": _lower_qconv, "QGemm": _lower_qgemm, "QMaxPool": _lower_qmaxpool,
+              "QGlobalAveragePool": _lower_qgap, "QAdd": _lower_qadd}

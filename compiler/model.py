@@ -1,0 +1,393 @@
+"""Whole models: :func:`compile_model` (ONNX in) and :class:`CompiledModel` (``.tsr`` out).
+
+The pipeline, each step a pass of its own module:
+
+1. :func:`~.onnx_import.import_onnx` (checks, opset 17, shapes, constant folding),
+   :func:`~.passes.remove_identity`, :func:`~.passes.fold_batch_norm`;
+2. a float model is quantized (:func:`~.quantize.quantize_static`, onnxruntime's PTQ, so
+   its QDQ model is the reference) from ``calibration`` samples;
+3. :func:`~.qdq.fuse_qdq` (integer nodes), :func:`~.lower.convert_flattened_gemms`;
+4. :func:`~.partition.place_nodes` (accelerator, CPU or view, with the reason) and
+   :func:`~.partition.segments`;
+5. each segment: its nodes lowered (:func:`~.lower.lower_node`), residual adds fused into
+   the convolutions that feed them, compiled by :func:`~.build.compile_ops` into one
+   program; every CPU node into CPU kernels (:func:`~.cpu_lower.lower_node_to_cpu`).
+
+A :class:`CompiledModel` is plain data (programs, packed weights inside them, CPU kernel
+IR, the step list, the placements, the config): :meth:`CompiledModel.save` writes it as
+a :class:`~tessera.modelfile.ModelFile` and :meth:`CompiledModel.load` reads it back
+with numpy alone. :mod:`tessera.runtime.executor` runs it.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence, Union
+
+import numpy as np
+
+from tessera.config import HwConfig, get_config
+from tessera.errors import CompileError, ProgramFileError
+from tessera.modelfile import ModelFile
+
+from .build import CompiledProgram, compile_ops
+from .cpu_lower import CpuStep
+from .ops import Conv2d, Dense, Eltwise, Op, Pool2d, Residual
+from .roofline import conv_roofline
+
+__all__ = ["AccelStep", "CompiledModel", "LayerInfo", "TensorSig", "compile_model"]
+
+#: What a model file holds; a file with another kind is not a compiled model.
+KIND = "tessera.compiled_model"
+
+Progress = Callable[[str, int, int], None]
+"""``progress(stage, done, total)``: called as compilation advances."""
+
+
+@dataclass(frozen=True)
+class TensorSig:
+    """A model input or output: name, shape and dtype."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TensorSig":
+        return cls(d["name"], tuple(d["shape"]), d["dtype"])
+
+
+@dataclass
+class LayerInfo:
+    """One accelerator operator of a segment, for the profile: what it is, its work and
+    its roofline bound (cycles, and whether compute or DRAM bounds it)."""
+
+    name: str
+    kind: str
+    nodes: list[str]
+    macs: int
+    bound_cycles: float
+    bound_by: str
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LayerInfo":
+        return cls(**d)
+
+
+@dataclass
+class AccelStep:
+    """One accelerator segment: a program and the graph tensors it reads and writes."""
+
+    name: str
+    program: CompiledProgram
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    layers: list[LayerInfo]
+    #: Graph shape of every input and output (the program holds them as 4-D images).
+    shapes: dict[str, tuple[int, ...]]
+
+    def to_dict(self) -> dict:
+        return {"kind": "accelerator", "name": self.name, "inputs": list(self.inputs),
+                "outputs": list(self.outputs), "layers": [x.to_dict() for x in self.layers],
+                "shapes": {k: list(v) for k, v in self.shapes.items()},
+                "program": self.program.manifest()}
+
+
+Step = Union[AccelStep, CpuStep]
+
+
+@dataclass
+class CompiledModel:
+    """A model compiled for one config: steps to run in order, and how it was placed."""
+
+    config: HwConfig
+    inputs: list[TensorSig]
+    outputs: list[TensorSig]
+    steps: list[Step]
+    placements: list  # list[partition.Placement]
+    #: The model's name (its ONNX graph name).
+    source: str = "model"
+    compile_seconds: float = 0.0
+    stats: dict[str, Any] = field(default_factory=dict)
+    #: The int8 QDQ ONNX model this was compiled from (the reference onnxruntime runs;
+    #: not stored in model files).
+    reference: Any = None
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def accel_steps(self) -> list[AccelStep]:
+        return [s for s in self.steps if isinstance(s, AccelStep)]
+
+    def summary(self) -> str:
+        """The placement table: one line per node with its target and the reason."""
+        rows = [f"{'node':<40}{'op':<20}{'placed on':<13}reason"]
+        for p in self.placements:
+            rows.append(f"{p.node[:39]:<40}{p.op[:19]:<20}{p.target:<13}{p.reason}")
+        return "\n".join(rows)
+
+    # ------------------------------------------------------------------ files
+    def to_modelfile(self) -> ModelFile:
+        """The model as a :class:`~tessera.modelfile.ModelFile` (see :meth:`save`)."""
+        mf = ModelFile({}, self.config)
+        steps = []
+        for k, step in enumerate(self.steps):
+            if isinstance(step, AccelStep):
+                mf.add_program(f"program.{k}", step.program.program)
+                steps.append(step.to_dict())
+            else:
+                d = step.to_dict()
+                d["kind"] = "cpu"
+                if step.kernel is not None:
+                    # The IR is a text section of its own, not a string in the manifest.
+                    mf.texts[f"kernel.{k}"] = step.kernel.ir
+                    d["kernel"] = {**d["kernel"], "ir": None}
+                for name, value in step.constants.items():
+                    mf.blobs[f"const.{k}.{name}"] = np.ascontiguousarray(value)
+                steps.append(d)
+        mf.manifest = {
+            "kind": KIND, "source": self.source,
+            "inputs": [t.to_dict() for t in self.inputs],
+            "outputs": [t.to_dict() for t in self.outputs],
+            "steps": steps, "placements": [p.to_dict() for p in self.placements],
+            "compile_seconds": self.compile_seconds, "stats": self.stats,
+        }
+        return mf
+
+    def save(self, path: str | Path) -> Path:
+        """Write the model as a ``.tsr`` file (checksummed sections, format version)."""
+        path = Path(path)
+        self.to_modelfile().save(path)
+        return path
+
+    @classmethod
+    def from_modelfile(cls, mf: ModelFile, source: str = "model") -> "CompiledModel":
+        from .partition import Placement
+        m = mf.manifest
+        if m.get("kind") != KIND:
+            raise ProgramFileError(f"{source} is a Tessera file but not a compiled model "
+                                   f"(kind {m.get('kind')!r}); compile one with tessera "
+                                   "compile")
+        try:
+            steps: list[Step] = []
+            for k, d in enumerate(m["steps"]):
+                if d["kind"] == "accelerator":
+                    program = CompiledProgram.from_manifest(mf.program(f"program.{k}"),
+                                                            d["program"])
+                    steps.append(AccelStep(d["name"], program, tuple(d["inputs"]),
+                                           tuple(d["outputs"]),
+                                           [LayerInfo.from_dict(x) for x in d["layers"]],
+                                           {n: tuple(s) for n, s in d["shapes"].items()}))
+                else:
+                    prefix = f"const.{k}."
+                    consts = {n[len(prefix):]: mf.array(n) for n in mf.blobs
+                              if n.startswith(prefix)}
+                    if d.get("kernel") is not None:
+                        d = {**d, "kernel": {**d["kernel"], "ir": mf.text(f"kernel.{k}")}}
+                    steps.append(CpuStep.from_dict(d, consts))
+            return cls(mf.config, [TensorSig.from_dict(t) for t in m["inputs"]],
+                       [TensorSig.from_dict(t) for t in m["outputs"]], steps,
+                       [Placement.from_dict(p) for p in m["placements"]], m.get("source", ""),
+                       m.get("compile_seconds", 0.0), m.get("stats", {}))
+        except ProgramFileError:
+            raise
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProgramFileError(f"{source}: the compiled model's manifest is malformed "
+                                   f"({exc!r}); recompile the model") from None
+
+    @classmethod
+    def load(cls, path: str | Path) -> "CompiledModel":
+        """Read a ``.tsr`` file written by :meth:`save`."""
+        return cls.from_modelfile(ModelFile.load(path), str(path))
+
+
+# ---------------------------------------------------------------------- compilation
+def compile_model(model: Any, config: HwConfig | str | None = None, *,
+                  calibration: Sequence[Mapping[str, np.ndarray]] | None = None,
+                  input_shapes: Mapping[str, Sequence[int]] | None = None,
+                  force_cpu: Sequence[str] = (), host=None,
+                  progress: Progress | None = None) -> CompiledModel:
+    """Compile an ONNX model (``ModelProto``, path or bytes) for ``config``.
+
+    A float model needs ``calibration`` (a list of input feeds) to be quantized; an int8
+    QDQ model compiles as it is. ``force_cpu`` keeps the named nodes (of the fused graph,
+    see :attr:`CompiledModel.placements`) on the CPU; ``host`` is the
+    :class:`~.partition.HostCost` the placement assumes. ``progress(stage, done, total)``
+    is called as compilation advances.
+    """
+    from .graph import Graph
+    from .onnx_import import import_onnx, to_onnx
+    from .partition import HostCost, place_nodes
+    from .passes import fold_batch_norm, remove_identity
+    from .qdq import fuse_qdq
+    from .lower import convert_flattened_gemms
+    from .quantize import is_quantized, quantize_static
+
+    t0 = time.perf_counter()
+    cfg = get_config(config)
+    report = progress or (lambda stage, done, total: None)
+    report("import", 0, 1)
+    graph: Graph = import_onnx(model, input_shapes)
+    source = getattr(graph, "name", "model")
+    if not is_quantized(graph):
+        if calibration is None:
+            raise CompileError(f"model {source!r} is a float model: pass calibration=[{{input "
+                               "name: array}, ...]] (a few representative inputs) to quantize "
+                               "it to int8, or give an int8 QDQ model")
+        report("quantize", 0, 1)
+        reference = quantize_static(to_onnx(graph), calibration)
+        graph = import_onnx(reference, input_shapes)
+    else:
+        reference = to_onnx(graph)
+    remove_identity(graph)
+    fold_batch_norm(graph)
+    fuse_qdq(graph)
+    convert_flattened_gemms(graph)
+    graph.remove_unused()
+    graph.verify()
+    report("place", 0, 1)
+    host = host or HostCost()
+    misfits: dict[str, str] = {}
+    while True:
+        placements = place_nodes(graph, cfg, host=host, force_cpu=[*force_cpu, *misfits])
+        for p in placements:
+            if p.node in misfits:
+                p.reason = misfits[p.node]
+        try:
+            steps, runs = _compile_steps(graph, placements, cfg, report)
+            break
+        except CompileError as exc:
+            # A node the accelerator supports but whose tensors do not fit the config's
+            # buffers (e.g. too many channels' parameters for a small accumulator) falls
+            # back to the CPU; the placement says so.
+            if exc.op is None or exc.op in misfits or exc.op not in {p.node for p in placements
+                                                                       if p.target ==
+                                                                       "accelerator"}:
+                raise
+            misfits[exc.op] = f"does not fit config {cfg.name!r}: {exc}"
+            report("place", 0, 1)
+    sigs = [TensorSig(n, graph.value(n).shape, graph.value(n).dtype) for n in graph.inputs]
+    outs = [TensorSig(n, graph.value(n).shape, graph.value(n).dtype) for n in graph.outputs]
+    counts = {t: sum(p.target == t for p in placements) for t in ("accelerator", "cpu", "view")}
+    stats = {"nodes": counts, "segments": len(runs)}
+    compiled = CompiledModel(cfg, sigs, outs, steps, placements, source,
+                             time.perf_counter() - t0, stats, reference)
+    report("done", 1, 1)
+    return compiled
+
+
+def _compile_steps(graph, placements, config: HwConfig, report: Progress):
+    """The steps of a placed graph: a program per accelerator segment, CPU kernels for the
+    other nodes, in graph order."""
+    from .cpu_lower import lower_node_to_cpu
+    from .partition import segments
+    runs = segments(graph, placements)
+    target = {p.node: p.target for p in placements}
+    readers = _readers_after(graph)
+    total_ops = sum(len(r) for r in runs)
+    done = [0]
+
+    def on_op(op: Op) -> None:
+        done[0] += 1
+        report("compile", done[0], total_ops)
+
+    steps: list[Step] = []
+    run_of = {node.name: k for k, run in enumerate(runs) for node in run}
+    emitted: set[int] = set()
+    for node in graph.nodes:
+        if target[node.name] == "accelerator":
+            k = run_of[node.name]
+            if k not in emitted:
+                emitted.add(k)
+                steps.append(_compile_segment(graph, runs[k], f"accel{k}", config, readers,
+                                              on_op))
+        else:
+            steps.extend(lower_node_to_cpu(graph, node))
+    return steps, runs
+
+
+def _readers_after(graph) -> dict[str, list[int]]:
+    """For every tensor, the indices of the nodes reading it (graph outputs: -1)."""
+    readers: dict[str, list[int]] = {}
+    for i, node in enumerate(graph.nodes):
+        for t in node.inputs:
+            readers.setdefault(t, []).append(i)
+    for t in graph.outputs:
+        readers.setdefault(t, []).append(-1)
+    return readers
+
+
+def _compile_segment(graph, nodes, name: str, config: HwConfig,
+                     readers: dict[str, list[int]], on_op) -> AccelStep:
+    """Lower a run of accelerator nodes, fuse residual adds, compile one program."""
+    from .lower import fuse_add_into_conv, lower_node
+    ops: list[Op] = []
+    members: dict[str, list[str]] = {}
+    for node in nodes:
+        if node.op == "QAdd":
+            fused = _fuse_add(graph, node, ops, readers)
+            if fused is not None:
+                k, conv = fused
+                ops[k] = fuse_add_into_conv(conv, node)
+                members[ops[k].name].append(node.name)
+                continue
+        op = lower_node(graph, node, config)
+        ops.append(op)
+        members[op.name] = [node.name]
+    produced = {op.output for op in ops}
+    inputs = tuple(dict.fromkeys(t for op in ops for t in op.inputs if t not in produced))
+    names = {n.name for n in nodes}
+    index = {n.name: i for i, n in enumerate(graph.nodes)}
+    last = max(index[n] for n in names)
+    outputs = tuple(op.output for op in ops
+                    if any(r == -1 or r > last for r in readers.get(op.output, [])))
+    shapes = {t: graph.value(t).shape for t in (*inputs, *outputs)}
+    program = compile_ops(ops, {t: shapes[t] for t in inputs}, config, outputs=list(outputs),
+                          on_op=on_op)
+    layers = [_layer_info(op, members[op.name], program, graph) for op in ops]
+    return AccelStep(name, program, inputs, outputs, layers, shapes)
+
+
+def _fuse_add(graph, add, ops: list[Op], readers: dict[str, list[int]]):
+    """``(index, op)`` of the convolution in ``ops`` the QAdd ``add`` can fuse into: it
+    writes one operand, nothing else reads that operand, and the other operand exists
+    before the convolution runs."""
+    produced_at = {op.output: k for k, op in enumerate(ops)}
+    best = None
+    for mine, other in ((0, 1), (1, 0)):
+        t = add.inputs[mine]
+        k = produced_at.get(t)
+        if k is None or not isinstance(ops[k], (Conv2d, Dense)) or len(readers.get(t, [])) != 1:
+            continue
+        j = produced_at.get(add.inputs[other])
+        if j is not None and j >= k:
+            continue
+        if best is None or k > best[0]:
+            best = (k, ops[k])
+    return best
+
+
+def _layer_info(op: Op, nodes: list[str], program: CompiledProgram, graph) -> LayerInfo:
+    config = program.config
+    if isinstance(op, (Conv2d, Dense)):
+        in_shape = tuple(graph.value(op.inputs[0]).shape)
+        in_shape = in_shape + (1,) * (4 - len(in_shape))
+        roof = conv_roofline(op, in_shape, config)  # type: ignore[arg-type]
+        kind = "dense" if isinstance(op, Dense) else (
+            "conv" if op.groups == 1 else f"conv/{op.groups}")
+        if any(isinstance(st, Residual) for st in op.epilogue):
+            kind += "+add"                        # a residual add fused into the epilogue
+        return LayerInfo(op.name, kind, nodes, roof.macs, roof.bound, roof.limit)
+    # Elementwise and pooling ops stream their tensors once: DRAM bound.
+    values = sum(int(np.prod(program.tensors[t].layout.shape))
+                 for t in (*op.inputs, op.output) if t in program.tensors)
+    cycles = values * config.out_width / 8 / config.ddr_bytes_per_cycle
+    kind = f"{op.kind}pool" if isinstance(op, Pool2d) else (
+        f"eltwise {op.op}" if isinstance(op, Eltwise) else type(op).__name__)
+    return LayerInfo(op.name, kind, nodes, 0, cycles, "DRAM")

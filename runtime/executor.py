@@ -1,0 +1,210 @@
+"""Running compiled models: :class:`Model`, one executor over every backend.
+
+A :class:`~tessera.compiler.model.CompiledModel` is a list of steps. The executor keeps
+the model's tensors on the host by name and runs each step in order:
+
+* an accelerator segment: its inputs packed into the program's DRAM image, the program
+  run on the device (:meth:`~.device.Device.run`: buffers, relocation, the DMA
+  firewall, launch, wait), its outputs read back;
+* a CPU step: its LLVM kernel (JIT-compiled once per model and cached) on the host;
+* a view: a reshape.
+
+``Model.run(inputs, backend="sim")`` returns the outputs and a
+:class:`~.profile.Profile`. The same model runs on ``sim``, ``rtl`` and ``pynq`` (pass
+``device=`` to reuse an open device, e.g. a board).
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from tessera.compiler.model import AccelStep, CompiledModel
+from tessera.errors import DeviceError, RunError
+
+from .device import Device
+from .profile import LayerProfile, Profile, layer_profiles
+
+__all__ = ["Model"]
+
+
+Progress = Callable[[str, int, int], None]
+
+
+class Model:
+    """A compiled model ready to run; ``tessera.compile`` and ``tessera.load`` return one."""
+
+    def __init__(self, compiled: CompiledModel) -> None:
+        self.compiled = compiled
+        self._kernels: dict[int, Any] = {}
+        self._devices: dict[str, Device] = {}
+
+    # ------------------------------------------------------------------ info
+    @property
+    def config(self):
+        return self.compiled.config
+
+    @property
+    def inputs(self):
+        return self.compiled.inputs
+
+    @property
+    def outputs(self):
+        return self.compiled.outputs
+
+    @property
+    def placements(self):
+        return self.compiled.placements
+
+    def summary(self) -> str:
+        """The placement of every node with its reason."""
+        return self.compiled.summary()
+
+    def save(self, path: str | Path) -> Path:
+        """Write the compiled model file (``.tsr``)."""
+        return self.compiled.save(path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Model":
+        """Read a ``.tsr`` file (needs only the runtime's dependencies)."""
+        return cls(CompiledModel.load(path))
+
+    def __repr__(self) -> str:
+        ins = ", ".join(f"{t.name}{list(t.shape)}:{t.dtype}" for t in self.inputs)
+        return (f"Model({self.compiled.source!r}, config {self.config.name!r}, inputs {ins}, "
+                f"{len(self.compiled.steps)} steps)")
+
+    # ------------------------------------------------------------------ running
+    def device(self, backend: str = "sim", **options: Any) -> Device:
+        """The device this model runs on for ``backend`` (opened once, then reused)."""
+        if backend not in self._devices:
+            from . import open_device
+            if backend == "sim":
+                options.setdefault("trace", True)
+            self._devices[backend] = open_device(backend, self.config, **options)
+        return self._devices[backend]
+
+    def close(self) -> None:
+        """Close the devices this model opened."""
+        for dev in self._devices.values():
+            dev.close()
+        self._devices.clear()
+
+    def run(self, inputs: Mapping[str, np.ndarray] | np.ndarray, *, backend: str = "sim",
+            device: Device | None = None, progress: Progress | None = None,
+            timeout: float | None = None) -> tuple[dict[str, np.ndarray], Profile]:
+        """Run the model; returns ``({output name: array}, profile)``.
+
+        ``inputs`` maps input names to arrays of the model's shapes and dtypes (a single
+        array for a one-input model). ``device`` overrides ``backend`` with an open
+        device of the model's config. ``progress(step, done, total)`` is called per step.
+        """
+        dev = device if device is not None else self.device(backend)
+        if dev.config != self.config:
+            raise DeviceError(f"the model was compiled for config {self.config.name!r}, the "
+                              f"device runs {dev.config.name!r}")
+        env = self._checked_inputs(inputs)
+        profile = Profile(dev.backend, self.config)
+        places = {p.node: p for p in self.compiled.placements}
+        started = time.perf_counter()
+        steps = self.compiled.steps
+        for k, step in enumerate(steps):
+            if progress is not None:
+                progress(step.name, k, len(steps))
+            if isinstance(step, AccelStep):
+                self._run_accel(step, env, dev, profile, timeout)
+            else:
+                kernel = self._kernel(k, step)     # JIT compilation is not the layer's time
+                t0 = time.perf_counter()
+                self._run_cpu(step, kernel, env)
+                secs = time.perf_counter() - t0
+                node = step.name.split(":")[0]
+                target = places[node].target if node in places else "cpu"
+                if target == "cpu":
+                    profile.cpu_seconds += secs
+                profile.layers.append(LayerProfile(step.name, step.op, target, step.name,
+                                                   secs))
+        if progress is not None:
+            progress("done", len(steps), len(steps))
+        profile.wall_seconds = time.perf_counter() - started
+        return {t.name: env[t.name] for t in self.outputs}, profile
+
+    def _checked_inputs(self, inputs) -> dict[str, np.ndarray]:
+        sigs = self.inputs
+        if isinstance(inputs, np.ndarray):
+            if len(sigs) != 1:
+                raise RunError(f"the model has {len(sigs)} inputs "
+                               f"({', '.join(t.name for t in sigs)}): pass a dict")
+            inputs = {sigs[0].name: inputs}
+        unknown = set(inputs) - {t.name for t in sigs}
+        if unknown:
+            raise RunError(f"unknown input(s) {sorted(unknown)}; the model's inputs are "
+                           f"{[t.name for t in sigs]}")
+        env = {}
+        for t in sigs:
+            if t.name not in inputs:
+                raise RunError(f"input {t.name!r} ({t.dtype}{list(t.shape)}) was not given")
+            x = np.asarray(inputs[t.name])
+            if x.shape != tuple(t.shape):
+                raise RunError(f"input {t.name!r} has shape {list(x.shape)}, the model was "
+                               f"compiled for {list(t.shape)}")
+            if x.dtype != np.dtype(t.dtype):
+                raise RunError(f"input {t.name!r} has dtype {x.dtype}, the model expects "
+                               f"{t.dtype} (convert it with .astype(np.{t.dtype}))")
+            if x.dtype.kind == "f" and not np.all(np.isfinite(x)):
+                raise RunError(f"input {t.name!r} holds NaN or infinite values")
+            env[t.name] = np.ascontiguousarray(x)
+        return env
+
+    def _kernel(self, k: int, step):
+        """Step ``k``'s loaded CPU kernel (JIT-compiled on first use; None for a view)."""
+        if step.kernel is None:
+            return None
+        if k not in self._kernels:
+            from .cpu import load_kernel
+            self._kernels[k] = load_kernel(step.kernel)
+        return self._kernels[k]
+
+    @staticmethod
+    def _run_cpu(step, kernel, env: dict[str, np.ndarray]) -> None:
+        args = [env[t] if t in env else step.constants[t] for t in step.inputs]
+        if kernel is None:
+            env[step.outputs[0]] = args[0].reshape(step.shape)
+            return
+        result = kernel(*args)
+        outs = result if isinstance(result, (tuple, list)) else (result,)
+        for name, value in zip(step.outputs, outs):
+            env[name] = value
+
+    def _run_accel(self, step: AccelStep, env: dict[str, np.ndarray], dev: Device,
+                   profile: Profile, timeout: float | None) -> None:
+        cp = step.program
+        feeds = {}
+        for name in step.inputs:
+            # A kernel-position packed input keeps the name of the one it replaces.
+            packed = name in cp.input_transforms or name not in cp.tensors
+            feeds[name] = env[name] if packed else env[name].reshape(cp.tensors[name].layout.shape)
+        result = dev.run(cp.bind(feeds), timeout=timeout)
+        for name in step.outputs:
+            env[name] = cp.read(result, name).reshape(step.shapes[name])
+        trace = None
+        sim_result = getattr(dev, "last_result", None)
+        if sim_result is not None and sim_result.trace is not None:
+            trace = sim_result.trace
+        rows = layer_profiles(cp.program, cp.op_bounds, trace, result.cycles)
+        info = {x.name: x for x in step.layers}
+        spans = []
+        for name, cycles, gemm, dram, span in rows:
+            layer = info.get(name)
+            seconds = self.config.cycles_to_seconds(cycles) if cycles is not None else 0.0
+            profile.layers.append(LayerProfile(
+                name, layer.kind if layer else "", "accelerator", step.name, seconds, cycles,
+                gemm, dram, layer.macs if layer else 0, layer.bound_cycles if layer else None,
+                layer.bound_by if layer else ""))
+            if span is not None:
+                spans.append((name, *span))
+        profile.accel_cycles += result.cycles
+        if trace is not None:
+            profile.traces.append((step.name, list(trace), spans))

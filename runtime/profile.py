@@ -1,0 +1,169 @@
+"""What a model run measured: :class:`Profile`, one :class:`LayerProfile` per layer.
+
+Accelerator layers come from the segment's run: on the ``sim`` backend the event trace
+gives each operator's cycles (from the end of the previous operator's last instruction
+to the end of its own, so the layers of a segment add up to the segment's cycles); on
+``rtl`` and ``pynq`` only the segment total is measured. The DRAM bytes and GEMM
+operations of a layer are counted from its instructions. CPU layers are timed on the
+host.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from tessera.config import HwConfig
+from tessera.errors import TimelineError
+from tessera.isa import Gemm, Load, Program, Store
+
+__all__ = ["LayerProfile", "Profile", "layer_profiles"]
+
+
+@dataclass
+class LayerProfile:
+    """One layer of a run."""
+
+    name: str
+    kind: str
+    placement: str                  # "accelerator", "cpu" or "view"
+    step: str                       # the segment or CPU step that ran it
+    seconds: float
+    cycles: int | None = None       # accelerator cycles (None where not measured)
+    gemm_ops: int = 0
+    dram_bytes: int = 0
+    macs: int = 0
+    bound_cycles: float | None = None
+    bound_by: str = ""
+
+    @property
+    def utilisation(self) -> float | None:
+        """GEMM operations per cycle (1.0 = the GEMM core busy every cycle)."""
+        return self.gemm_ops / self.cycles if self.cycles else None
+
+
+@dataclass
+class Profile:
+    """A model run: its layers, the accelerator's totals and the wall time."""
+
+    backend: str
+    config: HwConfig
+    layers: list[LayerProfile] = field(default_factory=list)
+    accel_cycles: int = 0
+    cpu_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    #: The simulator's trace of each segment (``sim`` backend), with its layer spans.
+    traces: list[tuple[str, list, list[tuple[str, int, int]]]] = field(default_factory=list)
+
+    @property
+    def accel_seconds(self) -> float:
+        """Accelerator time at the config's clock."""
+        return self.config.cycles_to_seconds(self.accel_cycles)
+
+    @property
+    def latency_seconds(self) -> float:
+        """Projected latency on the board: accelerator time plus host (CPU) layers."""
+        return self.accel_seconds + self.cpu_seconds
+
+    @property
+    def gemm_utilisation(self) -> float:
+        ops = sum(x.gemm_ops for x in self.layers)
+        return ops / self.accel_cycles if self.accel_cycles else 0.0
+
+    def table(self) -> str:
+        """The per-layer table ``tessera profile`` prints."""
+        mhz = self.config.clock_mhz
+        head = (f"{'layer':<34}{'kind':<12}{'on':<6}{'cycles':>11}{'ms':>9}{'util':>7}"
+                f"{'DRAM KiB':>10}{'bound':>11}{'by':>8}{'x bound':>8}")
+        lines = [head, "-" * len(head)]
+        for x in self.layers:
+            on = {"accelerator": "accel", "cpu": "cpu", "view": "view"}[x.placement]
+            cyc = f"{x.cycles:,}" if x.cycles is not None else "-"
+            util = f"{x.utilisation:.0%}" if x.utilisation is not None and x.gemm_ops else "-"
+            dram = f"{x.dram_bytes / 1024:,.0f}" if x.dram_bytes else "-"
+            bound = f"{x.bound_cycles:,.0f}" if x.bound_cycles else "-"
+            ratio = (f"{x.cycles / x.bound_cycles:.2f}" if x.cycles and x.bound_cycles
+                     else "-")
+            lines.append(f"{x.name[:33]:<34}{x.kind[:11]:<12}{on:<6}{cyc:>11}"
+                         f"{x.seconds * 1e3:>9.3f}{util:>7}{dram:>10}{bound:>11}"
+                         f"{x.bound_by:>8}{ratio:>8}")
+        lines.append("-" * len(head))
+        lines.append(f"accelerator: {self.accel_cycles:,} cycles = {self.accel_seconds * 1e3:.2f} "
+                     f"ms at {mhz:g} MHz, GEMM utilisation {self.gemm_utilisation:.1%}; "
+                     f"CPU layers {self.cpu_seconds * 1e3:.2f} ms; projected latency "
+                     f"{self.latency_seconds * 1e3:.2f} ms; {self.backend} wall time "
+                     f"{self.wall_seconds:.2f} s")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        layers = [{**asdict(x), "utilisation": x.utilisation} for x in self.layers]
+        return {"backend": self.backend, "config": self.config.name, "layers": layers,
+                "accel_cycles": self.accel_cycles, "accel_seconds": self.accel_seconds,
+                "cpu_seconds": self.cpu_seconds, "latency_seconds": self.latency_seconds,
+                "gemm_utilisation": self.gemm_utilisation, "wall_seconds": self.wall_seconds}
+
+    def _merged_trace(self):
+        """All segments' events and spans on one cycle axis (segments back to back)."""
+        from tessera.sim import TraceEvent
+        if not self.traces:
+            raise TimelineError(f"no trace of this {self.backend} run: the timeline and the "
+                                "Perfetto trace come from the sim backend")
+        events, spans, offset = [], [], 0
+        for _, evs, sp in self.traces:
+            events += [TraceEvent(e.module, e.name, e.index, e.start + offset, e.end + offset,
+                                  e.unit) for e in evs]
+            spans += [(n, a + offset, b + offset) for n, a, b in sp]
+            offset = max([offset] + [e.end for e in events])
+        return events, spans
+
+    def write_timeline(self, path: str | Path) -> Path:
+        """A PNG of the load/compute/store queues over time, with the layers on top."""
+        from .timeline import render_timeline_png
+        events, spans = self._merged_trace()
+        return render_timeline_png(events, path, spans=spans,
+                                   title=f"{self.config.name}: {self.accel_cycles:,} cycles")
+
+    def write_perfetto(self, path: str | Path) -> Path:
+        """A Perfetto / Chrome trace (JSON) of the run, with a track of layers."""
+        from .timeline import write_perfetto_trace
+        events, spans = self._merged_trace()
+        return write_perfetto_trace(events, self.config, path, spans=spans)
+
+
+def layer_profiles(program: Program, bounds: Sequence[tuple[str, int, int]],
+                   trace: Sequence | None, total_cycles: int
+                   ) -> list[tuple[str, int | None, int, int, tuple[int, int] | None]]:
+    """Per operator ``(name, cycles, gemm_ops, dram_bytes, span)`` of one segment run.
+
+    With a ``trace``, an operator's cycles run from the end of the previous operator's
+    last instruction to the end of its own (the segment total is their sum); without
+    one, a single operator gets the total and several get ``None``.
+    """
+    isa = program.isa
+    insns = program.instructions
+    ends = np.zeros(len(insns), dtype=np.int64)
+    if trace:
+        for e in trace:
+            if e.index < len(ends) and e.end > ends[e.index]:
+                ends[e.index] = e.end
+    rows = []
+    previous = 0
+    for k, (name, first, end) in enumerate(bounds):
+        gemm = dram = 0
+        for insn in insns[first:end]:
+            if isinstance(insn, Gemm):
+                gemm += insn.op_count
+            elif isinstance(insn, (Load, Store)):
+                dram += insn.y_size * insn.x_size * isa.elem_bytes(insn.mem)
+        if trace:
+            done = int(ends[first:end].max()) if end > first else previous
+            if k == len(bounds) - 1:
+                done = max(done, total_cycles)
+            cycles, span = max(0, done - previous), (previous, done)
+            previous = max(previous, done)
+        else:
+            cycles, span = (total_cycles if len(bounds) == 1 else None), None
+        rows.append((name, cycles, gemm, dram, span))
+    return rows
