@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 
@@ -259,8 +259,10 @@ class Device(ABC):
         self._reg_write(REG["CONTROL"], CONTROL_START)
         self._launch = _Launch(insns, time.perf_counter())
 
-    def wait(self, timeout: float | None = None) -> Completion:
+    def wait(self, timeout: float | None = None, *,
+             progress: Callable[[int], None] | None = None) -> Completion:
         """Wait for the launched run; ``timeout`` in seconds (default :attr:`default_timeout`).
+        ``progress(cycles)`` is called with the cycle counter at every poll.
 
         Raises :class:`~tessera.errors.DeviceTimeoutError` when the run has not finished
         in time (it keeps running: wait again, or :meth:`reset`), and
@@ -277,6 +279,8 @@ class Device(ABC):
             status = self._reg_read(REG["STATUS"])
             if status & STATUS_DONE:
                 break
+            if progress is not None:
+                progress(self._cycles())
             now = time.perf_counter()
             if deadline is not None and now >= deadline:
                 raise DeviceTimeoutError(
@@ -317,9 +321,11 @@ class Device(ABC):
         error.__cause__ = detail
         return error
 
-    def run(self, program: Program, *, timeout: float | None = None) -> RunResult:
+    def run(self, program: Program, *, timeout: float | None = None,
+            progress: Callable[[int], None] | None = None) -> RunResult:
         """Run ``program`` start to finish: a buffer per segment, the stream relocated to
-        them, launch, wait, every segment read back; the buffers are freed after."""
+        them, launch, wait (``progress`` as in :meth:`wait`), every segment read back; the
+        buffers are freed after."""
         self._check_open()
         if program.config != self.config:
             raise DeviceError(f"the program was built for config {program.config.name!r}, this "
@@ -339,7 +345,7 @@ class Device(ABC):
             stream = self.allocate(len(encoded), "instructions")
             stream.write(encoded)
             self.launch(stream, len(insns), buffers=list(segment_buffers.values()))
-            done = self.wait(timeout)
+            done = self.wait(timeout, progress=progress)
             dram = np.zeros(program.insn_addr, dtype=np.uint8)
             for seg in program.segments:
                 dram[seg.addr:seg.end] = segment_buffers[seg.name].read()

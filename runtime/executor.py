@@ -99,7 +99,9 @@ class Model:
 
         ``inputs`` maps input names to arrays of the model's shapes and dtypes (a single
         array for a one-input model). ``device`` overrides ``backend`` with an open
-        device of the model's config. ``progress(step, done, total)`` is called per step.
+        device of the model's config. ``progress(segment, cycles, estimate)`` is called
+        while an accelerator segment runs (``estimate``: the sum of its layers' roofline
+        bounds).
         """
         dev = device if device is not None else self.device(backend)
         if dev.config != self.config:
@@ -111,10 +113,8 @@ class Model:
         started = time.perf_counter()
         steps = self.compiled.steps
         for k, step in enumerate(steps):
-            if progress is not None:
-                progress(step.name, k, len(steps))
             if isinstance(step, AccelStep):
-                self._run_accel(step, env, dev, profile, timeout)
+                self._run_accel(step, env, dev, profile, timeout, progress)
             else:
                 kernel = self._kernel(k, step)     # JIT compilation is not the layer's time
                 t0 = time.perf_counter()
@@ -127,7 +127,7 @@ class Model:
                 profile.layers.append(LayerProfile(step.name, step.op, target, step.name,
                                                    secs))
         if progress is not None:
-            progress("done", len(steps), len(steps))
+            progress("done", 1, 1)
         profile.wall_seconds = time.perf_counter() - started
         return {t.name: env[t.name] for t in self.outputs}, profile
 
@@ -179,14 +179,18 @@ class Model:
             env[name] = value
 
     def _run_accel(self, step: AccelStep, env: dict[str, np.ndarray], dev: Device,
-                   profile: Profile, timeout: float | None) -> None:
+                   profile: Profile, timeout: float | None,
+                   progress: Progress | None) -> None:
         cp = step.program
         feeds = {}
         for name in step.inputs:
             # A kernel-position packed input keeps the name of the one it replaces.
             packed = name in cp.input_transforms or name not in cp.tensors
             feeds[name] = env[name] if packed else env[name].reshape(cp.tensors[name].layout.shape)
-        result = dev.run(cp.bind(feeds), timeout=timeout)
+        estimate = max(1, int(sum(x.bound_cycles for x in step.layers)))
+        report = None if progress is None else (
+            lambda cycles: progress(step.name, min(cycles, estimate), estimate))
+        result = dev.run(cp.bind(feeds), timeout=timeout, progress=report)
         for name in step.outputs:
             env[name] = cp.read(result, name).reshape(step.shapes[name])
         trace = None

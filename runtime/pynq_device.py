@@ -25,6 +25,7 @@ from tessera.errors import DeviceError
 from tessera.hwh import IP_VLNV
 from tessera.regmap import CTRL_ADDR_BITS
 
+from .bitstreams import find_bitstream
 from .device import Device
 from .memory import PAGE_BYTES
 
@@ -37,6 +38,9 @@ POLL_SECONDS = 1e-3
 class PynqDevice(Device):
     """The accelerator in the overlay ``bitstream`` (a ``.bit`` with its ``.hwh`` beside it).
 
+    Without ``bitstream``, the one installed for ``config`` is used
+    (:func:`tessera.runtime.bitstreams.find_bitstream`, restricted to ``board`` when
+    given): ``tessera hw bitstream`` installs them, ``TESSERA_BITSTREAMS`` says where.
     ``download=False`` uses the bitstream already in the FPGA (pynq still reads the
     ``.hwh``). ``ip_name`` picks our IP by its instance name in the block design when
     the design has several; by default the one IP with the VLNV
@@ -49,12 +53,17 @@ class PynqDevice(Device):
     default_timeout = 10.0
 
     def __init__(self, config: HwConfig, *, bitstream: str | Path | None = None,
-                 download: bool = True, ip_name: str | None = None) -> None:
+                 download: bool = True, ip_name: str | None = None,
+                 board: str | None = None) -> None:
         super().__init__(config)
         if bitstream is None:
-            raise DeviceError(f"the pynq backend needs the bitstream to load: "
-                              f"open_device('pynq', {config.name!r}, bitstream='path/to/"
-                              "tessera.bit'), with the .hwh beside it")
+            # Look it up before importing pynq: a missing bitstream is the likelier
+            # mistake, and its message says where to put one.
+            try:
+                bitstream = find_bitstream(config, board)
+            except DeviceError as exc:
+                raise DeviceError(f"the pynq backend needs the bitstream to load and none was "
+                                  f"given (bitstream=...): {exc}") from None
         self._pynq = _import_pynq()
         path = _check_bitstream(Path(bitstream))
         try:

@@ -65,6 +65,9 @@ class SimRegisters:
     # ---------------------------------------------------------------- bus
     def read(self, offset: int) -> int:
         """A 32-bit register read (unmapped offsets read 0, like the hardware)."""
+        if self.running:
+            # CYCLES counts up during a run, as the hardware's counter does.
+            self._cycles = self.simulator.cycles
         values = {
             REG["STATUS"]: self._status, REG["INSN_ADDR"]: self._insn_addr,
             REG["INSN_COUNT"]: self._insn_count, REG["CYCLES_LO"]: self._cycles & _MASK32,

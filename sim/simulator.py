@@ -67,6 +67,14 @@ class Simulator:
     def __init__(self, config: HwConfig, *, trace: bool = False) -> None:
         self.config = config
         self.record_trace = trace
+        self._current: _Run | None = None
+
+    @property
+    def cycles(self) -> int:
+        """Simulated cycles of the run in progress (read from another thread for progress
+        reports; 0 when idle)."""
+        run = self._current
+        return run.kernel.now if run is not None else 0
 
     def run(self, program: Program) -> SimResult:
         """Run ``program`` to FINISH; raises a :class:`tessera.errors.ProgramError` on bad programs."""
@@ -75,7 +83,11 @@ class Simulator:
                                f"this simulator runs {self.config.name!r}: rebuild it or use "
                                "tessera.sim.simulate(program)")
         validate_program(program)
-        return _Run(self.config, program, self.record_trace).execute()
+        self._current = _Run(self.config, program, self.record_trace)
+        try:
+            return self._current.execute()
+        finally:
+            self._current = None
 
 
 def simulate(program: Program, *, trace: bool = False) -> SimResult:

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from .boards import BOARDS
 from .config import DEFAULT_PRESET, PRESETS, get_config
 from .errors import TesseraError
 
@@ -37,6 +38,8 @@ class _StageProgress:
 
     def close(self) -> None:
         if self.bar is not None:
+            if self.bar.total:
+                self.bar.set(self.bar.total)      # a stage that ended is complete
             self.bar.close()
             self.bar = None
 
@@ -150,8 +153,7 @@ def _run(args: argparse.Namespace, model):
     options = {"bitstream": args.bitstream} if getattr(args, "bitstream", None) else {}
     try:
         device = model.device(args.backend, **options)
-        return model.run(_model_inputs(args, model), device=device,
-                         progress=lambda step, done, total: bar("run", done, total))
+        return model.run(_model_inputs(args, model), device=device, progress=bar)
     finally:
         bar.close()
         model.close()
@@ -220,7 +222,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
           f"the accelerator ({c.stats['segments']} program(s)), {c.stats['nodes']['cpu']} on "
           "the CPU")
     x = zoo.calibration_data(model, 1, seed=args.seed)[0]
-    outputs, profile = compiled.run(x, backend="sim")
+    bar = _StageProgress("simulating")
+    try:
+        outputs, profile = compiled.run(x, backend="sim", progress=bar)
+    finally:
+        bar.close()
     reference = reference_outputs(c.reference, x)
     scales = output_scales(c.reference)
     ok = True
@@ -373,6 +379,26 @@ def _cmd_hw_resources(args: argparse.Namespace) -> int:
     return 0 if report.fits else 1
 
 
+def _cmd_hw_bitstream(args: argparse.Namespace) -> int:
+    if args.install:
+        # installing a project Vivado ran elsewhere needs neither Amaranth nor Vivado
+        from .hw.bitstream import install_build
+        result = install_build(args.install, args.board, get_config(args.config))
+    else:
+        import shutil
+
+        _require_hw()
+        from .hw.bitstream import build_bitstream
+        if shutil.which(args.vivado or "vivado"):
+            print("writing the project and running Vivado in batch mode (tens of minutes; "
+                  "its log is vivado.log in the project folder)...", file=sys.stderr, flush=True)
+        result = build_bitstream(args.board, get_config(args.config), output=args.output,
+                                 vivado=args.vivado)
+    # Without Vivado the project folder is the documented outcome: exit 0 and say what next
+    print(result.message)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -463,7 +489,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dump", metavar="FILE", help="write the final DRAM image")
     p.set_defaults(func=_cmd_sim)
 
-    hw = sub.add_parser("hw", help="hardware: Verilog export and resource estimates")
+    hw = sub.add_parser("hw", help="hardware: Verilog export, resource estimates and "
+                                   "bitstreams")
     hw_sub = hw.add_subparsers(dest="hw_command", required=True, metavar="HW_COMMAND")
     p = hw_sub.add_parser("verilog", help="write the accelerator's Verilog and its register "
                                           "map/ports as JSON")
@@ -476,6 +503,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--part", help="FPGA part (default: the config's part)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_cmd_hw_resources)
+    p = hw_sub.add_parser("bitstream", help="write the Vivado project for a board, build the "
+                                            "bitstream when Vivado is on the PATH and install "
+                                            "it where the pynq backend finds it")
+    p.add_argument("--board", required=True, choices=sorted(BOARDS), help="the board")
+    _config_arg(p)
+    p.add_argument("-o", "--output", metavar="DIR",
+                   help="project folder (default: ./tessera-<board>-<config-id>)")
+    p.add_argument("--vivado", metavar="PATH", help="the Vivado executable (default: vivado "
+                                                   "on the PATH)")
+    p.add_argument("--install", metavar="DIR", help="install the bitstream of a project folder "
+                                                   "Vivado ran elsewhere instead of building")
+    p.set_defaults(func=_cmd_hw_bitstream)
     return parser
 
 

@@ -216,3 +216,39 @@ def test_compiled_models_print_their_placement(lenet) -> None:
     text = model.summary()
     assert "input_QuantizeLinear" in text and "accelerator" in text
     assert repr(model).startswith("Model(")
+
+
+def test_loading_and_running_needs_no_compiler_dependencies(lenet, tmp_path) -> None:
+    # A board has numpy, llvmlite and the runtime, not onnx, onnxruntime or amaranth.
+    import subprocess
+    import sys
+    model, feed = lenet
+    path = model.save(tmp_path / "lenet.tsr")
+    np.save(tmp_path / "x.npy", feed["input"])
+    expected, _ = model.run(feed)
+    np.save(tmp_path / "want.npy", expected["logits"])
+    script = f"""
+import sys
+for blocked in ("onnx", "onnxruntime", "amaranth", "pynq"):
+    sys.modules[blocked] = None
+import numpy as np
+import tessera
+model = tessera.load({str(path)!r})
+out, profile = model.run(np.load({str(tmp_path / 'x.npy')!r}))
+assert np.array_equal(out["logits"], np.load({str(tmp_path / 'want.npy')!r}))
+assert profile.accel_cycles > 0
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_runs_report_progress_in_cycles(lenet) -> None:
+    model, feed = lenet
+    calls = []
+    _, profile = model.run(feed, progress=lambda *a: calls.append(a))
+    assert calls[-1] == ("done", 1, 1)
+    cycles = [done for name, done, total in calls[:-1]]
+    assert all(name == "accel0" and 0 <= done <= total for name, done, total in calls[:-1])
+    assert cycles == sorted(cycles) and all(c <= profile.accel_cycles for c in cycles)
