@@ -9,6 +9,9 @@
 * :mod:`.rtlsim`: the Verilator simulation driven from Python;
   :mod:`.amaranth_sim`: the same in Amaranth's simulator, with :mod:`.axi_dram`.
 * :mod:`.resources`: resource estimates with yosys (``tessera hw resources``).
+* :mod:`.vivado`: the Vivado batch flow of a board (project, block design, bitstream)
+  and its dry run under tclsh; :mod:`.bitstream`: running it and installing the
+  results (``tessera hw bitstream``). See docs/board.md.
 
 See docs/hardware.md.
 """

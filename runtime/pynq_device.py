@@ -25,7 +25,7 @@ from tessera.errors import DeviceError
 from tessera.hwh import IP_VLNV
 from tessera.regmap import CTRL_ADDR_BITS
 
-from .bitstreams import find_bitstream
+from tessera.bitstreams import find_bitstream
 from .device import Device
 from .memory import PAGE_BYTES
 
@@ -39,7 +39,7 @@ class PynqDevice(Device):
     """The accelerator in the overlay ``bitstream`` (a ``.bit`` with its ``.hwh`` beside it).
 
     Without ``bitstream``, the one installed for ``config`` is used
-    (:func:`tessera.runtime.bitstreams.find_bitstream`, restricted to ``board`` when
+    (:func:`tessera.bitstreams.find_bitstream`, restricted to ``board`` when
     given): ``tessera hw bitstream`` installs them, ``TESSERA_BITSTREAMS`` says where.
     ``download=False`` uses the bitstream already in the FPGA (pynq still reads the
     ``.hwh``). ``ip_name`` picks our IP by its instance name in the block design when
@@ -63,7 +63,7 @@ class PynqDevice(Device):
                 bitstream = find_bitstream(config, board)
             except DeviceError as exc:
                 raise DeviceError(f"the pynq backend needs the bitstream to load and none was "
-                                  f"given (bitstream=...): {exc}") from None
+                                  f"given: {exc}") from None
         self._pynq = _import_pynq()
         path = _check_bitstream(Path(bitstream))
         try:

@@ -22,8 +22,8 @@ from .config import HwConfig
 from .errors import ConfigError
 from .regmap import axi_ports
 
-__all__ = ["BOARDS", "Board", "PlClock", "Pll", "ProcessingSystem", "PsPort", "Window",
-           "get_board"]
+__all__ = ["BOARDS", "CLOCK_TOLERANCE", "Board", "PlClock", "Pll", "ProcessingSystem", "PsPort",
+           "Window", "get_board"]
 
 #: The AXI4-Lite register window of our IP on every board. Vivado assigns an AXI-Lite
 #: slave at least 4 KiB; its "assign all" gives 64 KiB to IP on these PS masters (as in
@@ -31,6 +31,10 @@ __all__ = ["BOARDS", "Board", "PlClock", "Pll", "ProcessingSystem", "PsPort", "W
 #: maps the window as a whole, so its size costs nothing. The registers use the
 #: first 256 bytes (``tessera.regmap.CTRL_ADDR_BITS``); the rest aliases them.
 REGISTER_RANGE = 64 * 1024
+
+#: How far the PS's PL clock may miss a config's clock (relative) before the board flow
+#: adds a Clocking Wizard that makes the config's clock exactly.
+CLOCK_TOLERANCE = 0.01
 
 
 @dataclass(frozen=True)
@@ -145,6 +149,16 @@ class Board:
         d0, d1 = min(product(range(1, 64), repeat=2),
                      key=lambda d: (abs(pll / (d[0] * d[1]) - mhz), d[1], d[0]))
         return PlClock(d0, d1, round(pll / (d0 * d1), 6))
+
+    def needs_clock_wizard(self, mhz: float) -> bool:
+        """Whether the PS's PL clock misses ``mhz`` by more than :data:`CLOCK_TOLERANCE`
+        (the accelerator then runs from a Clocking Wizard at exactly ``mhz``)."""
+        return abs(self.pl_clock(mhz).mhz - mhz) > CLOCK_TOLERANCE * mhz
+
+    def accelerator_clock(self, mhz: float) -> PlClock:
+        """The clock our IP runs at for a config asking ``mhz``: the PS's PL clock, or
+        exactly ``mhz`` from the Clocking Wizard (divisors 0: not a PS clock)."""
+        return PlClock(0, 0, float(mhz)) if self.needs_clock_wizard(mhz) else self.pl_clock(mhz)
 
 
 def _zynq_hp(k: int) -> PsPort:

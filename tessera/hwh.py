@@ -64,7 +64,8 @@ def hwh_xml(config: HwConfig, board: str | Board) -> str:
     SubElement(root, "EXTERNALINTERFACES")
     modules = SubElement(root, "MODULES")
     modules.append(_ps_module(config, board, clock))
-    modules.append(_ip_module(config, board, clock))
+    # With a Clocking Wizard (a clock the PS cannot make) our IP runs at the config's clock.
+    modules.append(_ip_module(config, board, board.accelerator_clock(config.clock_mhz)))
     indent(root)
     return ('<?xml version="1.0" encoding="UTF-8" standalone="no" ?>\n'
             + tostring(root, encoding="unicode") + "\n")

@@ -13,6 +13,7 @@ nothing at all, not even the final line.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -129,11 +130,10 @@ class Progress:
 
     # ------------------------------------------------------------------ drawing
     def _columns(self) -> int:
-        try:
+        # A stream without isatty, or a closed one, is not a terminal.
+        with contextlib.suppress(AttributeError, ValueError, OSError):
             if self.stream.isatty():
                 return shutil.get_terminal_size((_DEFAULT_COLUMNS, 24)).columns
-        except (AttributeError, ValueError, OSError):
-            pass
         return _DEFAULT_COLUMNS
 
     def _line(self, now: float, *, final: bool = False) -> str:

@@ -16,11 +16,14 @@ folder (``$XDG_DATA_HOME/tessera/bitstreams``, by default
 (the manifest's config id, the files and their sha256) so a renamed, misplaced or
 damaged copy is refused with a message that says what to do.
 
-Runtime layer: the standard library and the tessera core only, so a board with just
-the runtime installed can look its bitstreams up.
+Core: the standard library and the rest of the tessera core only, shared by the flow
+that installs (:mod:`tessera.hw.bitstream`) and the driver that looks up
+(:mod:`tessera.runtime.pynq_device`), so a board with just the runtime installed can
+find its bitstreams.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -62,12 +65,11 @@ def source_checkout() -> Path | None:
     import tessera
     root = Path(tessera.__file__).resolve().parent.parent
     pyproject = root / "pyproject.toml"
-    try:
-        # A wheel's site-packages has no pyproject.toml; a checkout's names the project.
+    # A wheel's site-packages has no pyproject.toml (reading it fails); a checkout's names
+    # the project.
+    with contextlib.suppress(OSError):
         if 'name = "tessera"' in pyproject.read_text(errors="replace") and (root / "hw").is_dir():
             return root
-    except OSError:
-        pass
     return None
 
 
@@ -237,5 +239,5 @@ def find_bitstream(config: HwConfig, board: str | None = None) -> Path:
     raise DeviceError(
         f"{found}no usable bitstream for config {config.name!r} (config id {key}) on {on}: "
         f"looked for <board>/{key}/{MANIFEST_NAME} in {where} ({source}). Build one with "
-        f"`{_build_hint(config, board)}` and copy its folder bitstreams/<board>/{key}/ to "
-        "the board, or give the path of a .bit (bitstream=..., tessera run --bitstream)")
+        f"`{_build_hint(config, board)}` and copy the folder <board>/{key}/ it installs into "
+        "one of these, or give the path of a .bit (bitstream=..., tessera run --bitstream)")
