@@ -42,7 +42,8 @@ from pathlib import Path
 from tessera.boards import CLOCK_TOLERANCE, Board, PlClock, PsPort, get_board
 from tessera.config import HwConfig, get_config
 from tessera.errors import ConfigError, HardwareToolError
-from tessera.hwh import CONTROL_INTERFACE, IP_INSTANCE, IP_MODULE, IP_VLNV, hwh_xml
+from tessera.hwh import (CONTROL_INTERFACE, IP_INSTANCE, IP_MODULE, IP_VLNV, REGISTER_ACCESS,
+                         hwh_xml)
 from tessera.regmap import AXI_ADDR_BITS, CTRL_DATA_BITS, REGISTERS, axi_ports, describe
 
 __all__ = ["DEFAULT_ANSWERS", "STANDIN", "Address", "Cell", "Core",
@@ -71,7 +72,6 @@ _SMARTCONNECT = "xilinx.com:ip:smartconnect:1.0"
 _PROC_SYS_RESET = "xilinx.com:ip:proc_sys_reset:5.0"
 _CLK_WIZ = "xilinx.com:ip:clk_wiz:6.0"
 _INTERRUPT_VLNV = "xilinx.com:signal:interrupt_rtl:1.0"
-_ACCESS = {"rw": "read-write", "r": "read-only", "w": "write-only"}
 
 # Block-design cell names of the infrastructure.
 _CONTROL_IC = "control_interconnect"
@@ -383,7 +383,7 @@ class _Flow:
             "set_property usage register $block",
             "foreach {register offset description} {",
             *(f"    {reg.name} {reg.offset:#04x} "
-              f"{_tcl_word(f'{reg.doc} ({_ACCESS[reg.access]})')}" for reg in REGISTERS),
+              f"{_tcl_word(f'{reg.doc} ({REGISTER_ACCESS[reg.access]})')}" for reg in REGISTERS),
             "} {",
             "    set reg [ipx::add_register $register $block]",
             "    set_property address_offset $offset $reg",

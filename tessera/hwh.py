@@ -27,7 +27,8 @@ from .regmap import (AXI_ADDR_BITS, AXI_ID_BITS, CONTROL_START, CTRL_ADDR_BITS,
                      CTRL_DATA_BITS, REGISTERS, STATUS_DONE, STATUS_ERROR, STATUS_RUNNING,
                      VERSION, AxiPort, axi_ports, config_id)
 
-__all__ = ["CONTROL_INTERFACE", "IP_INSTANCE", "IP_MODULE", "IP_VLNV", "hwh_xml"]
+__all__ = ["CONTROL_INTERFACE", "IP_INSTANCE", "IP_MODULE", "IP_VLNV", "REGISTER_ACCESS",
+           "hwh_xml"]
 
 #: The accelerator IP as Vivado knows it: packaged from ``tessera_top``.
 IP_VLNV = "tessera.dev:tessera:tessera_top:1.0"
@@ -37,7 +38,8 @@ IP_INSTANCE = "tessera_0"
 CONTROL_INTERFACE = "s_axi_control"
 
 _AXIMM = "xilinx.com:interface:aximm:1.0"
-_ACCESS = {"rw": "read-write", "r": "read-only", "w": "write-only"}
+#: IP-XACT access of each register access mode of tessera.regmap.
+REGISTER_ACCESS = {"rw": "read-write", "r": "read-only", "w": "write-only"}
 _FIELDS = {
     "CONTROL": {"START": CONTROL_START},
     "STATUS": {"DONE": STATUS_DONE, "ERROR": STATUS_ERROR, "RUNNING": STATUS_RUNNING},
@@ -209,13 +211,13 @@ def _address_block(blocks: Element, size: int) -> None:
     for reg in REGISTERS:
         element = SubElement(registers, "REGISTER", NAME=reg.name)
         _properties(element, {"DESCRIPTION": reg.doc, "ADDRESS_OFFSET": f"{reg.offset:#x}",
-                              "SIZE": str(CTRL_DATA_BITS), "ACCESS": _ACCESS[reg.access],
+                              "SIZE": str(CTRL_DATA_BITS), "ACCESS": REGISTER_ACCESS[reg.access],
                               "IS_ENABLED": "true", "RESET_VALUE": "0"})
         fields = SubElement(element, "FIELDS")
         for name, mask in _FIELDS.get(reg.name, {}).items():
             field = SubElement(fields, "FIELD", NAME=name)
             _properties(field, {"DESCRIPTION": f"{reg.name}.{name}",
-                                "ACCESS": _ACCESS[reg.access],
+                                "ACCESS": REGISTER_ACCESS[reg.access],
                                 "BIT_OFFSET": str(mask.bit_length() - 1), "BIT_WIDTH": "1"})
 
 
