@@ -16,11 +16,11 @@ on the stored int8 values:
 * ``QGlobalAveragePool`` -> a depthwise :class:`~.ops.Conv2d` of ones over the whole
   image: ``acc = sum(x) - x_zp * HW`` exactly in int32 and onnxruntime's requantization
   with ``s = f32(x_scale / f32(y_scale * HW))``. Bit-exact.
-* ``QAdd`` (MLAS computes it in float32) in fixed point: ``y = (A*a + B*b + F +
-  2**(k-1)) >> k`` with ``A, B, F`` the ratios ``a_scale / y_scale``, ``b_scale /
-  y_scale`` and the zero-point term scaled by ``2**k``, ``k`` as large as int32 allows
-  (about 22 bits of fraction: an output differs from onnxruntime's only when its exact
-  value lies within ~1e-5 of a rounding tie). When one operand is the output of a
+* ``QAdd`` (MLAS computes it in float32) in fixed point: ``y = (A*a + B*b + F) >> k``
+  with ``A, B`` the ratios ``a_scale / y_scale``, ``b_scale / y_scale`` scaled by
+  ``2**k`` (``k`` as large as int32 allows, about 22 bits) and ``A, B, F`` chosen so that
+  every one of the 65,536 int8 operand pairs gives MLAS's float32 result
+  (:func:`qlinear_add`): bit-exact. When one operand is the output of a
   convolution read by nothing else, the add is fused into that convolution's epilogue
   (:class:`~.ops.Mul` and a scaled :class:`~.ops.Residual`); otherwise it is an
   :class:`~.ops.Eltwise`.
@@ -30,6 +30,8 @@ when it can), without building anything.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from tessera.config import HwConfig
@@ -38,8 +40,8 @@ from tessera.isa import get_isa
 from tessera.isa.requant import requant_scale
 
 from .graph import Graph, Node
-from .ops import (INT32_MAX, AddConst, Clip, Conv2d, Dense, Eltwise, Mul, Op, Pool2d, Residual,
-                  Shift, Stage, requantize)
+from .ops import (INT32_MAX, INT32_MIN, AddConst, Clip, Conv2d, Dense, Eltwise, Mul, Op, Pool2d,
+                  Residual, Shift, Stage, requantize)
 from .qdq import DOMAIN
 
 __all__ = ["accel_unsupported_reason", "convert_flattened_gemms", "fuse_add_into_conv",
@@ -116,6 +118,10 @@ def accel_unsupported_reason(graph: Graph, node: Node, config: HwConfig) -> str 
     elif node.op == "QAdd":
         if graph.value(node.inputs[1]).shape != shape:
             return "QAdd operands differ in shape"
+        try:
+            _qadd_parts(node)
+        except CompileError as exc:
+            return str(exc)
     if len(shape) == 4 and shape[0] % config.batch and shape[0] > config.batch:
         return f"batch {shape[0]} is not a multiple of the config's {config.batch}"
     return None
@@ -190,27 +196,71 @@ def _lower_qgap(graph: Graph, node: Node) -> Conv2d:
 def qlinear_add(a_scale: float, a_zero_point: int, b_scale: float, b_zero_point: int,
                 y_scale: float, y_zero_point: int, y_min: int = -128, y_max: int = 127
                 ) -> tuple[int, int, tuple[Stage, ...]]:
-    """QLinearAdd in fixed point: ``(A, B, stages)`` such that ``acc = A*a``, then
-    ``stages`` (``acc += B*b``, the zero-point term, a rounding shift, the clamp) give
-    ``clip(round(ra*(a - a_zp) + rb*(b - b_zp) + y_zp), y_min, y_max)`` with ``ra, rb``
-    onnxruntime's float32 ratios ``f32(a_scale / y_scale)``, ``f32(b_scale / y_scale)``.
+    """QLinearAdd in fixed point, bit-exact with MLAS: ``(A, B, stages)`` such that
+    ``acc = A*a``, then ``stages`` (``acc += B*b``, a constant, a shift by ``k``, the
+    clamp) give onnxruntime's result for every pair of int8 operands.
+
+    MLAS computes ``a*ra + b*rb + fixed`` in float32 with FMAs
+    (:func:`~.qref.qlinear_add_reference`). A fixed-point form with ``A ~ ra*2**k``,
+    ``B ~ rb*2**k`` agrees except where the float result lies within rounding noise of
+    a tie, and one such element, far upstream, changes a ResNet's logits. So all 65,536
+    operand pairs are checked: for each ``(k, A, B)`` near the nominal the offsets
+    ``F`` that reproduce every pair form an interval (each pair bounds ``F`` from both
+    sides), and the first non-empty one is taken. Raises :class:`CompileError` when
+    none exists (the add then runs on the CPU). Cached per parameter set.
 
     The residual in the returned stages is named ``"b"``; callers rename it.
     """
+    found = _exact_add(float(a_scale), int(a_zero_point), float(b_scale), int(b_zero_point),
+                       float(y_scale), int(y_zero_point), int(y_min), int(y_max))
+    if found is None:
+        raise CompileError("QLinearAdd: no int32 fixed-point form reproduces onnxruntime's "
+                           f"float32 result for a_scale {a_scale:g}, b_scale {b_scale:g}, "
+                           f"y_scale {y_scale:g} on every operand pair")
+    k, big_a, big_b, offset = found
+    return big_a, big_b, (Residual("b", big_b), AddConst(offset), Shift(k, rounding=False),
+                          Clip(y_min, y_max))
+
+
+#: Every pair of int8 operands (a, b).
+_PAIRS = np.stack(np.meshgrid(np.arange(-128, 128), np.arange(-128, 128)), -1).reshape(-1, 2)
+
+
+@lru_cache(maxsize=256)
+def _exact_add(a_scale: float, a_zp: int, b_scale: float, b_zp: int, y_scale: float,
+               y_zp: int, y_min: int, y_max: int) -> tuple[int, int, int, int] | None:
+    """``(k, A, B, F)`` with ``clip((A*a + B*b + F) >> k) == MLAS`` on every pair."""
+    from .qref import qlinear_add_reference
+    a, b = _PAIRS[:, 0], _PAIRS[:, 1]
+    want = qlinear_add_reference(a.astype(np.int8), b.astype(np.int8), a_scale, a_zp, b_scale,
+                                 b_zp, y_scale, y_zp, y_min, y_max)
     f32 = np.float32
     ra = float(f32(f32(a_scale) / f32(y_scale)))
     rb = float(f32(f32(b_scale) / f32(y_scale)))
-    fixed = float(y_zero_point) - ra * a_zero_point - rb * b_zero_point
-    k = _MAX_ADD_FRACTION
-    while k > 0 and _add_magnitude(ra, rb, fixed, k) > INT32_MAX:
-        k -= 1
-    if k < 8:
-        raise CompileError(f"QLinearAdd ratios {ra:g} and {rb:g} are too large for an int32 "
-                           "fixed-point add")
-    big_a, big_b = round(ra * 2 ** k), round(rb * 2 ** k)
-    offset = round(fixed * 2 ** k) + (1 << (k - 1))
-    return big_a, big_b, (Residual("b", big_b), AddConst(offset), Shift(k, rounding=False),
-                          Clip(y_min, y_max))
+    fixed = float(y_zp) - ra * a_zp - rb * b_zp
+    top = _MAX_ADD_FRACTION
+    while top > 0 and _add_magnitude(ra, rb, fixed, top) > INT32_MAX:
+        top -= 1
+    # A clamped result only bounds F from one side: anything at or past the clamp.
+    low_open, high_open = want <= y_min, want >= y_max
+    for k in range(top, max(top - 6, 7), -1):
+        one = 1 << k
+        for da, db in sorted(((i, j) for i in range(-2, 3) for j in range(-2, 3)),
+                             key=lambda d: abs(d[0]) + abs(d[1])):
+            big_a, big_b = round(ra * one) + da, round(rb * one) + db
+            s = big_a * a + big_b * b
+            # (s + F) >> k == want  <=>  want*2**k - s <= F <= (want+1)*2**k - 1 - s.
+            lo = np.where(low_open, np.int64(INT32_MIN), want * one - s)
+            hi = np.where(high_open, np.int64(INT32_MAX), (want + 1) * one - 1 - s)
+            f_lo, f_hi = int(lo.max()), int(hi.min())
+            if f_lo > f_hi:
+                continue
+            offset = min(max(round(fixed * one) + one // 2, f_lo), f_hi)
+            # Every partial sum the ALU forms (A*a, + B*b, + F) must fit int32.
+            if max(int(np.abs(big_a * a).max()), int(np.abs(s).max()),
+                   int(np.abs(s + offset).max())) <= INT32_MAX:
+                return k, big_a, big_b, offset
+    return None
 
 
 def _add_magnitude(ra: float, rb: float, fixed: float, k: int) -> float:

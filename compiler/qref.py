@@ -36,7 +36,7 @@ from .graph import Graph, Node
 from .onnx_import import evaluate_proto, node_proto
 from .qdq import DOMAIN
 
-__all__ = ["run_reference"]
+__all__ = ["qlinear_add_reference", "run_reference"]
 
 
 def run_reference(graph: Graph, inputs: Mapping[str, np.ndarray],
@@ -184,16 +184,26 @@ def _pool_size(size: int, begin: int, end: int, extent: int, stride: int, ceil: 
 
 def _qadd(node: Node, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     p = node.attrs
+    return qlinear_add_reference(a, b, p["a_scale"], p["a_zero_point"], p["b_scale"],
+                                 p["b_zero_point"], p["y_scale"], p["y_zero_point"],
+                                 p["y_min"], p["y_max"])
+
+
+def qlinear_add_reference(a: np.ndarray, b: np.ndarray, a_scale: float, a_zero_point: int,
+                          b_scale: float, b_zero_point: int, y_scale: float, y_zero_point: int,
+                          y_min: int, y_max: int) -> np.ndarray:
+    """QLinearAdd of stored ``a`` and ``b`` as MLAS computes it (float32 FMAs, module doc),
+    saturated to the operands' type and clamped to ``[y_min, y_max]``; int64 result."""
     f32 = np.float32
-    y_scale = f32(p["y_scale"])
-    ra, rb = f32(f32(p["a_scale"]) / y_scale), f32(f32(p["b_scale"]) / y_scale)
-    za, zb = f32(p["a_zero_point"]), f32(p["b_zero_point"])
-    fixed = f32(f32(p["y_zero_point"]) - f32(f32(ra * za) + f32(rb * zb)))
+    y_scale = f32(y_scale)
+    ra, rb = f32(f32(a_scale) / y_scale), f32(f32(b_scale) / y_scale)
+    za, zb = f32(a_zero_point), f32(b_zero_point)
+    fixed = f32(f32(y_zero_point) - f32(f32(ra * za) + f32(rb * zb)))
     t = _fma(b.astype(f32), rb, np.full(b.shape, fixed, f32))
     t = _fma(a.astype(f32), ra, t)
     info = np.iinfo(a.dtype)
     y = np.clip(np.rint(t), info.min, info.max).astype(np.int64)
-    return np.clip(y, p["y_min"], p["y_max"])
+    return np.clip(y, y_min, y_max)
 
 
 def _fma(a: np.ndarray | np.float32, b: np.ndarray | np.float32,
