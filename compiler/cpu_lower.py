@@ -876,12 +876,9 @@ def _qadd(low: _Lowering) -> list[_Plan]:
 
 def _qadd_coefficients(p: dict[str, Any]) -> tuple[np.float32, np.float32, np.float32]:
     """rA, rB and ``fixed``, in float32 exactly as qref and MLAS compute them."""
-    f32 = np.float32
-    y_scale = f32(p["y_scale"])
-    ra, rb = f32(f32(p["a_scale"]) / y_scale), f32(f32(p["b_scale"]) / y_scale)
-    za, zb = f32(p["a_zero_point"]), f32(p["b_zero_point"])
-    fixed = f32(f32(p["y_zero_point"]) - f32(f32(ra * za) + f32(rb * zb)))
-    return ra, rb, fixed
+    from .qref import qlinear_add_coefficients
+    return qlinear_add_coefficients(p["a_scale"], p["a_zero_point"], p["b_scale"],
+                                    p["b_zero_point"], p["y_scale"], p["y_zero_point"])
 
 
 def _qadd_patches(node: Node, a_dtype: str, b_dtype: str,
@@ -898,7 +895,10 @@ def _qadd_patches(node: Node, a_dtype: str, b_dtype: str,
     f32 = np.float32
     t = (a.astype(f32) * ra).astype(f32) + ((b.astype(f32) * rb).astype(f32) + fixed)
     kernel = np.clip(np.rint(t.astype(f32)), *bounds).astype(np.int64)
-    golden = qref._qadd(node, a, b).astype(np.int64)
+    p = node.attrs
+    golden = qref.qlinear_add_reference(a, b, p["a_scale"], p["a_zero_point"], p["b_scale"],
+                                        p["b_zero_point"], p["y_scale"], p["y_zero_point"],
+                                        p["y_min"], p["y_max"])
     where = np.nonzero(kernel != golden)
     return [(int(a[i, j]), int(b[i, j]), int(golden[i, j] - kernel[i, j]))
             for i, j in zip(*where)]

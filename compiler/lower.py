@@ -30,6 +30,7 @@ when it can), without building anything.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 
 import numpy as np
@@ -195,8 +196,8 @@ def _lower_qgap(graph: Graph, node: Node) -> Conv2d:
 
 def qlinear_add(a_scale: float, a_zero_point: int, b_scale: float, b_zero_point: int,
                 y_scale: float, y_zero_point: int, y_min: int = -128, y_max: int = 127
-                ) -> tuple[int, int, tuple[Stage, ...]]:
-    """QLinearAdd in fixed point, bit-exact with MLAS: ``(A, B, stages)`` such that
+                ) -> tuple[int, tuple[Stage, ...]]:
+    """QLinearAdd in fixed point, bit-exact with MLAS: ``(A, stages)`` such that
     ``acc = A*a``, then ``stages`` (``acc += B*b``, a constant, a shift by ``k``, the
     clamp) give onnxruntime's result for every pair of int8 operands.
 
@@ -218,8 +219,8 @@ def qlinear_add(a_scale: float, a_zero_point: int, b_scale: float, b_zero_point:
                            f"float32 result for a_scale {a_scale:g}, b_scale {b_scale:g}, "
                            f"y_scale {y_scale:g} on every operand pair")
     k, big_a, big_b, offset = found
-    return big_a, big_b, (Residual("b", big_b), AddConst(offset), Shift(k, rounding=False),
-                          Clip(y_min, y_max))
+    return big_a, (Residual("b", big_b), AddConst(offset), Shift(k, rounding=False),
+                   Clip(y_min, y_max))
 
 
 #: Every pair of int8 operands (a, b).
@@ -230,14 +231,12 @@ _PAIRS = np.stack(np.meshgrid(np.arange(-128, 128), np.arange(-128, 128)), -1).r
 def _exact_add(a_scale: float, a_zp: int, b_scale: float, b_zp: int, y_scale: float,
                y_zp: int, y_min: int, y_max: int) -> tuple[int, int, int, int] | None:
     """``(k, A, B, F)`` with ``clip((A*a + B*b + F) >> k) == MLAS`` on every pair."""
-    from .qref import qlinear_add_reference
+    from .qref import qlinear_add_coefficients, qlinear_add_reference
     a, b = _PAIRS[:, 0], _PAIRS[:, 1]
     want = qlinear_add_reference(a.astype(np.int8), b.astype(np.int8), a_scale, a_zp, b_scale,
                                  b_zp, y_scale, y_zp, y_min, y_max)
-    f32 = np.float32
-    ra = float(f32(f32(a_scale) / f32(y_scale)))
-    rb = float(f32(f32(b_scale) / f32(y_scale)))
-    fixed = float(y_zp) - ra * a_zp - rb * b_zp
+    ra, rb, fixed = (float(v) for v in qlinear_add_coefficients(a_scale, a_zp, b_scale, b_zp,
+                                                                 y_scale, y_zp))
     top = _MAX_ADD_FRACTION
     while top > 0 and _add_magnitude(ra, rb, fixed, top) > INT32_MAX:
         top -= 1
@@ -272,12 +271,10 @@ def _add_magnitude(ra: float, rb: float, fixed: float, k: int) -> float:
 def _qadd_parts(node: Node) -> tuple[int, tuple[Stage, ...]]:
     """(A, stages) of QAdd ``node``, the residual stage reading its ``b`` input."""
     a = node.attrs
-    big_a, _, stages = qlinear_add(a["a_scale"], a["a_zero_point"], a["b_scale"],
-                                   a["b_zero_point"], a["y_scale"], a["y_zero_point"],
-                                   a.get("y_min", -128), a.get("y_max", 127))
-    res = stages[0]
-    assert isinstance(res, Residual)
-    return big_a, (Residual(node.inputs[1], res.scale), *stages[1:])
+    big_a, (res, *rest) = qlinear_add(a["a_scale"], a["a_zero_point"], a["b_scale"],
+                                      a["b_zero_point"], a["y_scale"], a["y_zero_point"],
+                                      a.get("y_min", -128), a.get("y_max", 127))
+    return big_a, (replace(res, tensor=node.inputs[1]), *rest)
 
 
 def _lower_qadd(graph: Graph, node: Node) -> Eltwise:

@@ -234,7 +234,7 @@ def compile_model(model: Any, config: HwConfig | str | None = None, *,
     report = progress or (lambda stage, done, total: None)
     report("import", 0, 1)
     graph: Graph = import_onnx(model, input_shapes)
-    source = getattr(graph, "name", "model")
+    source = graph.name
     if not is_quantized(graph):
         if calibration is None:
             raise CompileError(f"model {source!r} is a float model: pass calibration=[{{input "

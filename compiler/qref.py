@@ -36,7 +36,7 @@ from .graph import Graph, Node
 from .onnx_import import evaluate_proto, node_proto
 from .qdq import DOMAIN
 
-__all__ = ["qlinear_add_reference", "run_reference"]
+__all__ = ["qlinear_add_coefficients", "qlinear_add_reference", "run_reference"]
 
 
 def run_reference(graph: Graph, inputs: Mapping[str, np.ndarray],
@@ -189,16 +189,26 @@ def _qadd(node: Node, a: np.ndarray, b: np.ndarray) -> np.ndarray:
                                  p["y_min"], p["y_max"])
 
 
+def qlinear_add_coefficients(a_scale: float, a_zero_point: int, b_scale: float,
+                             b_zero_point: int, y_scale: float, y_zero_point: int
+                             ) -> tuple[np.float32, np.float32, np.float32]:
+    """MLAS's float32 ``rA = a_scale / y_scale``, ``rB = b_scale / y_scale`` and ``fixed =
+    y_zp - (rA * a_zp + rB * b_zp)``: ``y = rint(a*rA + b*rB + fixed)``."""
+    f32 = np.float32
+    y_scale = f32(y_scale)
+    ra, rb = f32(f32(a_scale) / y_scale), f32(f32(b_scale) / y_scale)
+    za, zb = f32(a_zero_point), f32(b_zero_point)
+    return ra, rb, f32(f32(y_zero_point) - f32(f32(ra * za) + f32(rb * zb)))
+
+
 def qlinear_add_reference(a: np.ndarray, b: np.ndarray, a_scale: float, a_zero_point: int,
                           b_scale: float, b_zero_point: int, y_scale: float, y_zero_point: int,
                           y_min: int, y_max: int) -> np.ndarray:
     """QLinearAdd of stored ``a`` and ``b`` as MLAS computes it (float32 FMAs, module doc),
     saturated to the operands' type and clamped to ``[y_min, y_max]``; int64 result."""
     f32 = np.float32
-    y_scale = f32(y_scale)
-    ra, rb = f32(f32(a_scale) / y_scale), f32(f32(b_scale) / y_scale)
-    za, zb = f32(a_zero_point), f32(b_zero_point)
-    fixed = f32(f32(y_zero_point) - f32(f32(ra * za) + f32(rb * zb)))
+    ra, rb, fixed = qlinear_add_coefficients(a_scale, a_zero_point, b_scale, b_zero_point,
+                                             y_scale, y_zero_point)
     t = _fma(b.astype(f32), rb, np.full(b.shape, fixed, f32))
     t = _fma(a.astype(f32), ra, t)
     info = np.iinfo(a.dtype)

@@ -33,6 +33,7 @@ from tessera.boards import Board, get_board
 from tessera.config import PRESETS, HwConfig, get_config
 from tessera.errors import HardwareToolError
 from tessera.hwh import IP_VLNV
+from tessera.regmap import config_id
 from tessera.progress import Progress
 from tessera.bitstreams import (BIT_NAME, HWH_NAME, MANIFEST_FORMAT, MANIFEST_NAME,
                                         check_bitstream_dir, config_key, install_root,
@@ -481,9 +482,9 @@ def _check_hwh(hwh: Path, config: HwConfig) -> list[str]:
     checked."""
     text = _read(hwh)
     m = re.search(r'NAME="CONFIG_ID"\s+VALUE="(0x[0-9a-fA-F]+)"', text)
-    if m and int(m.group(1), 16) != int(config_key(config), 16):
+    if m and int(m.group(1), 16) != config_id(config):
         raise HardwareToolError(f"{hwh} describes an accelerator of config id {m.group(1)}, not "
-                                f"{config.name!r} ({int(config_key(config), 16):#010x}): the "
+                                f"{config.name!r} ({config_id(config):#010x}): the "
                                 "project was written for another config; install it with that "
                                 "config, or write and build this one")
     notes = []
