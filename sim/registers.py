@@ -45,7 +45,8 @@ class SimRegisters:
             raise TypeError("memory must be a flat uint8 array")
         self.config = config
         self.memory = memory
-        self.simulator = Simulator(config, trace=trace)
+        self.trace = trace
+        self._simulator = Simulator(config, trace=trace)
         #: How much of ``memory`` a run sees: set it to the end of the highest buffer so a
         #: run copies only that much (default: all of it).
         self.extent = memory.size
@@ -67,7 +68,7 @@ class SimRegisters:
         """A 32-bit register read (unmapped offsets read 0, like the hardware)."""
         if self.running:
             # CYCLES counts up during a run, as the hardware's counter does.
-            self._cycles = self.simulator.cycles
+            self._cycles = self._simulator.cycles
         values = {
             REG["STATUS"]: self._status, REG["INSN_ADDR"]: self._insn_addr,
             REG["INSN_COUNT"]: self._insn_count, REG["CYCLES_LO"]: self._cycles & _MASK32,
@@ -105,13 +106,16 @@ class SimRegisters:
         self._cycles = 0
         self._error_code, self._error_index = ErrorCode.NONE, 0
         self.result, self.error = None, None
+        # A fresh simulator counts from 0 until the run thread starts it; the last one
+        # would read back its final count.
+        self._simulator = Simulator(self.config, trace=self.trace)
         self._thread = threading.Thread(target=self._run, name="tessera-sim", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         try:
             program = self._program()
-            result = self.simulator.run(program)
+            result = self._simulator.run(program)
         except Exception as exc:  # noqa: BLE001 - a driver reads it back through the registers
             self._fail(exc)
             return

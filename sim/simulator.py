@@ -68,13 +68,15 @@ class Simulator:
         self.config = config
         self.record_trace = trace
         self._current: _Run | None = None
+        self._last_cycles = 0
 
     @property
     def cycles(self) -> int:
-        """Simulated cycles of the run in progress (read from another thread for progress
-        reports; 0 when idle)."""
+        """Simulated cycles of the run in progress, or of the last run once it has ended (0
+        before the first), like the hardware's counter; safe to read from another thread
+        for progress reports."""
         run = self._current
-        return run.kernel.now if run is not None else 0
+        return run.kernel.now if run is not None else self._last_cycles
 
     def run(self, program: Program) -> SimResult:
         """Run ``program`` to FINISH; raises a :class:`tessera.errors.ProgramError` on bad programs."""
@@ -83,10 +85,13 @@ class Simulator:
                                f"this simulator runs {self.config.name!r}: rebuild it or use "
                                "tessera.sim.simulate(program)")
         validate_program(program)
+        self._last_cycles = 0
         self._current = _Run(self.config, program, self.record_trace)
         try:
             return self._current.execute()
         finally:
+            # Before clearing the run, so a concurrent read never sees 0 at the end.
+            self._last_cycles = self._current.kernel.now
             self._current = None
 
 

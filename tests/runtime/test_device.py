@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -109,6 +110,45 @@ def test_run_program_matches_numpy_and_the_simulator(dev):
     assert abs(result.cycles - sim.stats.cycles) <= tolerance
     counters = dev.counters()
     assert counters["last_cycles"] == result.cycles and counters["live_buffers"] == 0
+
+
+def test_progress_reports_count_up_to_the_final_cycles(dev):
+    _, _, program = gemm_case(64, 64, 64)
+    seen = []
+    result = dev.run(program, progress=seen.append)
+    assert seen == sorted(seen) and all(0 <= c <= result.cycles for c in seen)
+
+
+def test_cycles_hold_while_a_finished_run_copies_out(monkeypatch):
+    """The simulator's live count drops to 0 when it returns; CYCLES holds the count until
+    STATUS is DONE (a poll in that window once reported 0 after 27,714)."""
+    from tessera.sim import registers
+
+    returned, release = threading.Event(), threading.Event()
+    simulator_run = registers.Simulator.run
+
+    def run_then_hold(self, program):
+        result = simulator_run(self, program)
+        returned.set()
+        release.wait(10)
+        return result
+
+    def report(cycles):
+        seen.append(cycles)
+        if returned.is_set():
+            # The poll after the one that saw the simulator return read CYCLES inside
+            # the window: let the run end.
+            if polls_after_return:
+                release.set()
+            polls_after_return.append(cycles)
+
+    monkeypatch.setattr(registers.Simulator, "run", run_then_hold)
+    seen, polls_after_return = [], []
+    _, _, program = gemm_case(16, 8, 24)
+    with open_device("sim", TINY) as sim_dev:
+        result = sim_dev.run(program, progress=report)
+    assert release.is_set()
+    assert seen[-1] == result.cycles == simulate(program).stats.cycles
 
 
 def test_launch_and_wait_on_buffers_the_caller_placed(dev):
