@@ -1,7 +1,6 @@
 """ONNX import, constant folding and export: round trips through onnxruntime, bad models."""
 from __future__ import annotations
 
-import time
 from collections import Counter
 
 import numpy as np
@@ -249,13 +248,11 @@ def test_zoo_qdq_models_round_trip(name):
         assert graph.values[dq.inputs[0]].dtype == "int8" and graph.values[dq.inputs[0]].is_const
 
 
-def test_resnet18_imports_quickly():
+def test_resnet18_imports():
+    # How long import takes is measured in benchmarks/resnet18.py, not asserted here.
     model = zoo.resnet18()
-    start = time.perf_counter()
     graph = import_onnx(model)
-    elapsed = time.perf_counter() - start
     graph.verify()
-    assert elapsed < 3.0, f"ResNet-18 import took {elapsed:.2f} s"
     ops = Counter(graph.ops())
     assert ops == Counter(n.op_type for n in model.graph.node)
     assert ops["Conv"] == 20 and ops["BatchNormalization"] == 20 and ops["Add"] == 8
