@@ -84,14 +84,14 @@ class CompiledProgram:
                    device_inputs=list(m["device_inputs"]),
                    op_bounds=[(str(n), int(a), int(b)) for n, a, b in m["op_bounds"]])
 
-    def bind(self, inputs: Mapping[str, np.ndarray]) -> Program:
-        """A copy of the program with ``inputs`` (logical NCHW / NC arrays) packed into DRAM."""
+    def input_segments(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The new contents of every segment that holds a device input, with ``inputs``
+        (logical NCHW / NC arrays) packed in."""
         missing = [n for n in self.inputs if n not in inputs]
         if missing:
             raise CompileError(f"inputs {missing} were not given (the program reads "
                                f"{self.inputs})")
-        prog = Program(self.config, self.program.instructions,
-                       [type(s)(s.name, s.addr, s.data) for s in self.program.segments])
+        segments: dict[str, np.ndarray] = {}
         for name in self.device_inputs or self.inputs:
             if name in self.input_transforms:
                 fn = self.input_transforms[name]
@@ -100,12 +100,24 @@ class CompiledProgram:
                 x = np.asarray(inputs[name])
             info = self.tensors[name]
             packed = pack_activation(x, info.layout, int_dtype(self.config.inp_width))
-            seg = prog.segment(info.place.segment)
             raw = packed.view(np.uint8).reshape(-1)
-            data = seg.data.copy()
-            data[info.place.offset:info.place.offset + raw.size] = raw
-            seg.data = data
-        return prog
+            seg = info.place.segment
+            if seg not in segments:
+                segments[seg] = self.program.segment(seg).data.copy()
+            segments[seg][info.place.offset:info.place.offset + raw.size] = raw
+        return segments
+
+    @property
+    def output_segments(self) -> list[str]:
+        """The segments :meth:`read` takes the outputs from."""
+        return sorted({self.tensors[n].place.segment for n in self.outputs})
+
+    def bind(self, inputs: Mapping[str, np.ndarray]) -> Program:
+        """A copy of the program with ``inputs`` (logical NCHW / NC arrays) packed into DRAM."""
+        segments = self.input_segments(inputs)
+        return Program(self.config, self.program.instructions,
+                       [type(s)(s.name, s.addr, segments.get(s.name, s.data))
+                        for s in self.program.segments])
 
     def read(self, result, name: str) -> np.ndarray:
         """Tensor ``name`` (logical shape) out of a simulation result's DRAM."""

@@ -21,11 +21,11 @@ from typing import Any
 from tessera.config import HwConfig, get_config
 from tessera.errors import DeviceError
 
-from .device import Completion, Device, DeviceBuffer, RunResult
+from .device import Completion, Device, DeviceBuffer, LoadedProgram, RunResult
 from .firewall import Region, check_launch, relocate
 
-__all__ = ["BACKENDS", "Completion", "Device", "DeviceBuffer", "Region", "RunResult",
-           "check_launch", "open_device", "relocate"]
+__all__ = ["BACKENDS", "Completion", "Device", "DeviceBuffer", "LoadedProgram", "Region",
+           "RunResult", "check_launch", "open_device", "relocate"]
 
 #: Backend name -> "module:class" (imported when the backend is opened).
 BACKENDS = {

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -30,7 +30,7 @@ from tessera.regmap import (CONTROL_START, ERROR_MEANINGS, REG, STATUS_DONE, STA
 
 from .firewall import Region, check_launch, relocate
 
-__all__ = ["Device", "DeviceBuffer", "Completion", "RunResult"]
+__all__ = ["Device", "DeviceBuffer", "Completion", "LoadedProgram", "RunResult"]
 
 class DeviceBuffer:
     """A physically contiguous, page-aligned buffer in device memory.
@@ -132,6 +132,86 @@ class RunResult:
 class _Launch:
     instructions: list[Instruction]
     started: float
+
+
+class LoadedProgram:
+    """A program resident on a device (:meth:`Device.load`): a buffer per segment and the
+    relocated instruction stream, written once.
+
+    Each :meth:`run` writes only the segments it is given, launches (the DMA firewall
+    checks the stream against this program's buffers every time) and reads back only
+    the segments asked for, so a model's weights cross to the device once, not every
+    run. Segments a run does not write keep what the last run left in them.
+    """
+
+    def __init__(self, device: "Device", program: Program, buffers: dict[str, DeviceBuffer],
+                 stream: DeviceBuffer, count: int) -> None:
+        self.device = device
+        self.program = program
+        self.buffers = buffers
+        self.stream = stream
+        self.count = count
+
+    @property
+    def live(self) -> bool:
+        """The device is open and none of the program's buffers was freed."""
+        return (not self.device._closed and self.stream.live
+                and all(b.live for b in self.buffers.values()))
+
+    def run(self, segments: Mapping[str, np.ndarray | bytes] | None = None, *,
+            read: Iterable[str] | None = None, timeout: float | None = None,
+            progress: Callable[[int], None] | None = None) -> RunResult:
+        """Write ``segments`` (``{segment name: its whole new contents}``), run, and read
+        back the segments named in ``read`` (default: all); ``timeout`` and ``progress``
+        as in :meth:`Device.wait`. The result's ``dram`` holds the segments read back
+        (zeros elsewhere)."""
+        started = time.perf_counter()
+        if not self.live:
+            raise DeviceError("the loaded program's buffers were freed (or its device was "
+                              "closed): load it again with Device.load")
+        if self.device.busy:
+            raise DeviceError("a run is already in progress: wait() for it before running "
+                              "a loaded program")
+        readback = list(self.buffers if read is None else read)
+        for name in readback:
+            self._buffer(name)              # an unknown name fails before anything changes
+        for name, data in (segments or {}).items():
+            buf = self._buffer(name)
+            nbytes = data.nbytes if isinstance(data, np.ndarray) else len(data)
+            if nbytes != buf.size:
+                raise DeviceError(f"segment {name!r} is {buf.size} bytes; {nbytes} bytes were "
+                                  "given to replace it (pass the whole segment)")
+            buf.write(data)
+        self.device.launch(self.stream, self.count, buffers=list(self.buffers.values()))
+        done = self.device.wait(timeout, progress=progress)
+        dram = np.zeros(self.program.insn_addr, dtype=np.uint8)
+        for name in readback:
+            seg = self.program.segment(name)
+            dram[seg.addr:seg.end] = self.buffers[name].read()
+        return RunResult(self.program, self.device.backend, done.cycles,
+                         time.perf_counter() - started, dram, self.device._run_stats())
+
+    def _buffer(self, name: str) -> DeviceBuffer:
+        if name not in self.buffers:
+            raise DeviceError(f"the program has no segment {name!r}; its segments are "
+                              f"{', '.join(self.buffers)}")
+        return self.buffers[name]
+
+    def free(self) -> None:
+        """Free the program's buffers (idempotent)."""
+        for buf in [*self.buffers.values(), self.stream]:
+            buf.free()
+
+    def __enter__(self) -> "LoadedProgram":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.free()
+
+    def __repr__(self) -> str:
+        size = sum(b.size for b in self.buffers.values())
+        return (f"<LoadedProgram {self.count} instructions, {len(self.buffers)} segments "
+                f"({size} bytes) on {self.device.backend}{'' if self.live else ', freed'}>")
 
 
 class Device(ABC):
@@ -321,40 +401,46 @@ class Device(ABC):
         error.__cause__ = detail
         return error
 
-    def run(self, program: Program, *, timeout: float | None = None,
-            progress: Callable[[int], None] | None = None) -> RunResult:
-        """Run ``program`` start to finish: a buffer per segment, the stream relocated to
-        them, launch, wait (``progress`` as in :meth:`wait`), every segment read back; the
-        buffers are freed after."""
+    def load(self, program: Program) -> "LoadedProgram":
+        """Make ``program`` resident: a buffer per segment holding the segment's data, and
+        the instruction stream relocated to them. Run it as often as needed with new data
+        in some segments (:meth:`LoadedProgram.run`); the rest (weights, microcode) cross
+        to the device once. Free it with :meth:`LoadedProgram.free`."""
         self._check_open()
         if program.config != self.config:
             raise DeviceError(f"the program was built for config {program.config.name!r}, this "
                               f"device runs {self.config.name!r}: compile it for "
                               f"{self.config.name!r} or open a device for "
                               f"{program.config.name!r}")
-        started = time.perf_counter()
-        segment_buffers: dict[str, DeviceBuffer] = {}
+        buffers: dict[str, DeviceBuffer] = {}
         stream = None
         try:
             for seg in program.segments:
-                buf = self.allocate(seg.size, seg.name)
-                segment_buffers[seg.name] = buf
-                buf.write(seg.data)
-            insns = relocate(program, {n: b.address for n, b in segment_buffers.items()})
+                buffers[seg.name] = self.allocate(seg.size, seg.name)
+                buffers[seg.name].write(seg.data)
+            insns = relocate(program, {n: b.address for n, b in buffers.items()})
             encoded = self.isa.encode_program(insns)
             stream = self.allocate(len(encoded), "instructions")
             stream.write(encoded)
-            self.launch(stream, len(insns), buffers=list(segment_buffers.values()))
-            done = self.wait(timeout, progress=progress)
-            dram = np.zeros(program.insn_addr, dtype=np.uint8)
-            for seg in program.segments:
-                dram[seg.addr:seg.end] = segment_buffers[seg.name].read()
+        except BaseException:
+            for buf in [*buffers.values(), *([stream] if stream else [])]:
+                buf.free()
+            raise
+        return LoadedProgram(self, program, buffers, stream, len(insns))
+
+    def run(self, program: Program, *, timeout: float | None = None,
+            progress: Callable[[int], None] | None = None) -> RunResult:
+        """Run ``program`` start to finish: :meth:`load` it, run it (``progress`` as in
+        :meth:`wait`), read every segment back, free its buffers."""
+        started = time.perf_counter()
+        loaded = self.load(program)
+        try:
+            result = loaded.run(timeout=timeout, progress=progress)
         finally:
-            if self._launch is None:
-                for buf in [*segment_buffers.values(), *([stream] if stream else [])]:
-                    buf.free()
-        return RunResult(program, self.backend, done.cycles, time.perf_counter() - started,
-                         dram, self._run_stats())
+            if self._launch is None:        # a run that timed out still owns its buffers
+                loaded.free()
+        result.wall_seconds = time.perf_counter() - started
+        return result
 
     def reset(self) -> None:
         """Return the accelerator to its power-up state: a run in progress is abandoned and

@@ -3,9 +3,10 @@
 A :class:`~tessera.compiler.model.CompiledModel` is a list of steps. The executor keeps
 the model's tensors on the host by name and runs each step in order:
 
-* an accelerator segment: its inputs packed into the program's DRAM image, the program
-  run on the device (:meth:`~.device.Device.run`: buffers, relocation, the DMA
-  firewall, launch, wait), its outputs read back;
+* an accelerator segment: its program is loaded on the device once
+  (:meth:`~.device.Device.load`: a buffer per segment, weights and microcode written,
+  the stream relocated); each run writes only the input segments, launches (the DMA
+  firewall checks every launch), waits and reads back only the output segments;
 * a CPU step: its LLVM kernel (JIT-compiled once per model and cached) on the host;
 * a view: a reshape.
 
@@ -24,7 +25,7 @@ import numpy as np
 from tessera.compiler.model import AccelStep, CompiledModel
 from tessera.errors import DeviceError, RunError
 
-from .device import Device
+from .device import Device, LoadedProgram
 from .profile import LayerProfile, Profile, layer_profiles
 
 __all__ = ["Model"]
@@ -40,6 +41,8 @@ class Model:
         self.compiled = compiled
         self._kernels: dict[int, Any] = {}
         self._devices: dict[str, Device] = {}
+        # (device, step index) -> the step's program resident on that device.
+        self._loaded: dict[tuple[int, int], LoadedProgram] = {}
 
     # ------------------------------------------------------------------ info
     @property
@@ -87,7 +90,12 @@ class Model:
         return self._devices[backend]
 
     def close(self) -> None:
-        """Close the devices this model opened."""
+        """Free the model's programs on every device it ran on, close the devices it
+        opened."""
+        for loaded in self._loaded.values():
+            if loaded.live:
+                loaded.free()
+        self._loaded.clear()
         for dev in self._devices.values():
             dev.close()
         self._devices.clear()
@@ -114,7 +122,8 @@ class Model:
         steps = self.compiled.steps
         for k, step in enumerate(steps):
             if isinstance(step, AccelStep):
-                self._run_accel(step, env, dev, profile, timeout, progress)
+                loaded = self._resident(k, step, dev)
+                self._run_accel(step, loaded, env, profile, timeout, progress)
             else:
                 kernel = self._kernel(k, step)     # JIT compilation is not the layer's time
                 t0 = time.perf_counter()
@@ -178,7 +187,16 @@ class Model:
         for name, value in zip(step.outputs, outs):
             env[name] = value
 
-    def _run_accel(self, step: AccelStep, env: dict[str, np.ndarray], dev: Device,
+    def _resident(self, k: int, step: AccelStep, dev: Device) -> LoadedProgram:
+        """Step ``k``'s program loaded on ``dev`` (weights written on first use, kept until
+        :meth:`close` or until the device's buffers are freed)."""
+        key = (id(dev), k)
+        loaded = self._loaded.get(key)
+        if loaded is None or loaded.device is not dev or not loaded.live:
+            loaded = self._loaded[key] = dev.load(step.program.program)
+        return loaded
+
+    def _run_accel(self, step: AccelStep, loaded: LoadedProgram, env: dict[str, np.ndarray],
                    profile: Profile, timeout: float | None,
                    progress: Progress | None) -> None:
         cp = step.program
@@ -190,11 +208,12 @@ class Model:
         estimate = max(1, int(sum(x.bound_cycles for x in step.layers)))
         report = None if progress is None else (
             lambda cycles: progress(step.name, min(cycles, estimate), estimate))
-        result = dev.run(cp.bind(feeds), timeout=timeout, progress=report)
+        result = loaded.run(cp.input_segments(feeds), read=cp.output_segments,
+                            timeout=timeout, progress=report)
         for name in step.outputs:
             env[name] = cp.read(result, name).reshape(step.shapes[name])
         trace = None
-        sim_result = getattr(dev, "last_result", None)
+        sim_result = getattr(loaded.device, "last_result", None)
         if sim_result is not None and sim_result.trace is not None:
             trace = sim_result.trace
         rows = layer_profiles(cp.program, cp.op_bounds, trace, result.cycles)

@@ -189,12 +189,30 @@ def test_layers_that_do_not_fit_the_config_fall_back_to_the_cpu() -> None:
 def test_one_model_runs_on_every_backend(backend: str) -> None:
     config = RTL_CONFIGS[0]
     model, feed = _compile("lenet", config)
-    reference, _ = model.run(feed, backend="sim")
-    outputs, profile = model.run(feed, device=device(backend, model.config))
-    np.testing.assert_array_equal(outputs["logits"], reference["logits"])
+    other = zoo.calibration_data(model.compiled.reference, 1, seed=8)[0]
+    expected = [Model(model.compiled).run(x, backend="sim")[0] for x in (feed, other)]
+    dev = device(backend, model.config)
+    buffers_before = dev.counters()["live_buffers"]
+    outputs, profile = model.run(feed, device=dev)
+    np.testing.assert_array_equal(outputs["logits"], expected[0]["logits"])
     _assert_matches_onnxruntime(model, outputs, feed)
     assert profile.backend == backend and profile.accel_cycles > 0
+    # The program stays loaded: later runs write only the input segment, and what one run
+    # leaves in the arena, the outputs or the on-chip buffers does not reach the next.
+    (step,) = model.compiled.accel_steps
+    cp = step.program
+    input_bytes = sum(cp.program.segment(cp.tensors[n].place.segment).size
+                      for n in cp.device_inputs)
+    assert input_bytes < sum(s.size for s in cp.program.segments) / 2
+    resident = dev.counters()
+    for x, want in zip((other, feed), expected[::-1]):
+        before = dev.counters()["host_bytes_written"]
+        outputs, _ = model.run(x, device=dev)
+        np.testing.assert_array_equal(outputs["logits"], want["logits"])
+        assert dev.counters()["host_bytes_written"] - before == input_bytes
+    assert dev.counters()["live_buffers"] == resident["live_buffers"] > buffers_before
     model.close()
+    assert dev.counters()["live_buffers"] == buffers_before
 
 
 def test_profile_outputs(lenet, tmp_path) -> None:
@@ -242,6 +260,17 @@ print("ok")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_a_model_loads_its_program_again_when_the_device_lost_it(lenet) -> None:
+    model, feed = lenet
+    want, _ = model.run(feed)
+    dev = model.device("sim")
+    for buf in dev.buffers:
+        buf.free()
+    got, _ = model.run(feed)
+    np.testing.assert_array_equal(got["logits"], want["logits"])
+    assert dev.counters()["live_buffers"] > 0
 
 
 def test_runs_report_progress_in_cycles(lenet) -> None:

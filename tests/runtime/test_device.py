@@ -151,6 +151,30 @@ def test_cycles_hold_while_a_finished_run_copies_out(monkeypatch):
     assert seen[-1] == result.cycles == simulate(program).stats.cycles
 
 
+def test_a_loaded_program_runs_again_writing_only_new_inputs(dev):
+    a, b, program = gemm_case(16, 8, 24, seed=1)
+    a2 = np.random.default_rng(2).integers(-128, 128, a.shape).astype(np.int8)
+    new_a = gemm_program(TINY, a2, b, epilogue=[("SHR", 7)]).segment("a").data
+    with dev.load(program) as loaded:
+        assert loaded.live and dev.counters()["live_buffers"] == len(program.segments) + 1
+        first = loaded.run(read=["c"])
+        assert np.array_equal(read_result(TINY, first.dram, program, 16, 8),
+                              numpy_gemm_shr(a, b, 7))
+        before = dev.counters()
+        second = loaded.run({"a": new_a}, read=["c"])
+        assert np.array_equal(read_result(TINY, second.dram, program, 16, 8),
+                              numpy_gemm_shr(a2, b, 7))
+        assert dev.counters()["host_bytes_written"] - before["host_bytes_written"] == new_a.size
+        assert not second.dram[program.segment("b").addr:program.segment("b").end].any()
+        with pytest.raises(DeviceError, match=r"segment 'a' is \d+ bytes; 3 bytes were given"):
+            loaded.run({"a": new_a[:3]})
+        with pytest.raises(DeviceError, match="no segment 'weights'; its segments are uops, a"):
+            loaded.run(read=["weights"])
+    assert not loaded.live and dev.counters()["live_buffers"] == 0
+    with pytest.raises(DeviceError, match="buffers were freed .* load it again"):
+        loaded.run()
+
+
 def test_launch_and_wait_on_buffers_the_caller_placed(dev):
     """The low-level path: the caller allocates, relocates, launches and reads back."""
     a, b, program = gemm_case(seed=3)
