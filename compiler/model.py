@@ -33,8 +33,8 @@ from tessera.modelfile import ModelFile
 
 from .build import CompiledProgram, compile_ops
 from .cpu_lower import CpuStep
-from .ops import Conv2d, Dense, Eltwise, Op, Pool2d, Residual
-from .roofline import conv_roofline
+from .ops import Conv2d, Dense, Op, Pool2d, Residual
+from .roofline import op_roofline
 
 __all__ = ["AccelStep", "CompiledModel", "LayerInfo", "TensorSig", "compile_model"]
 
@@ -374,20 +374,12 @@ def _fuse_add(graph, add, ops: list[Op], readers: dict[str, list[int]]):
 
 
 def _layer_info(op: Op, nodes: list[str], program: CompiledProgram, graph) -> LayerInfo:
-    config = program.config
+    roof = op_roofline(op, lambda t: graph.value(t).shape, program.config)
     if isinstance(op, (Conv2d, Dense)):
-        in_shape = tuple(graph.value(op.inputs[0]).shape)
-        in_shape = in_shape + (1,) * (4 - len(in_shape))
-        roof = conv_roofline(op, in_shape, config)  # type: ignore[arg-type]
         kind = "dense" if isinstance(op, Dense) else (
             "conv" if op.groups == 1 else f"conv/{op.groups}")
         if any(isinstance(st, Residual) for st in op.epilogue):
             kind += "+add"                        # a residual add fused into the epilogue
-        return LayerInfo(op.name, kind, nodes, roof.macs, roof.bound, roof.limit)
-    # Elementwise and pooling ops stream their tensors once: DRAM bound.
-    values = sum(int(np.prod(program.tensors[t].layout.shape))
-                 for t in (*op.inputs, op.output) if t in program.tensors)
-    cycles = values * config.out_width / 8 / config.ddr_bytes_per_cycle
-    kind = f"{op.kind}pool" if isinstance(op, Pool2d) else (
-        f"eltwise {op.op}" if isinstance(op, Eltwise) else type(op).__name__)
-    return LayerInfo(op.name, kind, nodes, 0, cycles, "DRAM")
+    else:
+        kind = f"{op.kind}pool" if isinstance(op, Pool2d) else f"eltwise {op.op}"
+    return LayerInfo(op.name, kind, nodes, roof.macs, roof.bound, roof.limit)

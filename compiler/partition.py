@@ -32,8 +32,7 @@ from tessera.errors import CompileError
 from .cpu_lower import cpu_unsupported_reason
 from .graph import Graph, Node
 from .lower import accel_unsupported_reason, lower_node
-from .ops import Conv2d, Dense
-from .roofline import conv_roofline
+from .roofline import op_roofline
 
 __all__ = ["VIEW_OPS", "HostCost", "Placement", "place_nodes", "segments"]
 
@@ -95,13 +94,8 @@ def node_work(graph: Graph, node: Node) -> tuple[int, int]:
 def accel_seconds(graph: Graph, node: Node, config: HwConfig) -> float:
     """The roofline time of ``node`` lowered for ``config`` (compute or DRAM bound)."""
     op = lower_node(graph, node, config)
-    if isinstance(op, (Conv2d, Dense)):
-        shape = graph.value(node.inputs[0]).shape
-        shape4 = tuple(shape) + (1,) * (4 - len(shape))
-        cycles = conv_roofline(op, shape4, config).bound  # type: ignore[arg-type]
-    else:
-        cycles = node_work(graph, node)[1] / config.ddr_bytes_per_cycle
-    return config.cycles_to_seconds(cycles)
+    return config.cycles_to_seconds(op_roofline(op, lambda t: graph.value(t).shape,
+                                                config).bound)
 
 
 def place_nodes(graph: Graph, config: HwConfig, *, host: HostCost = HostCost(),

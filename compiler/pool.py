@@ -5,8 +5,9 @@ accumulator rows with ``LOAD acc8``. For each kernel tap ``(ky, kx)`` one ALU
 instruction (MAX, or ADD for the average) combines the tap's input pixel into
 every output pixel *for which the tap is valid*: that set is a rectangle of
 output rows and columns, so padding never needs a value (zero would be wrong
-for max pooling) and the average's count is exact. Output rows start as the
-smallest input value (max) or zero (average).
+for max pooling) and the average's count is exact. A tap valid for every
+output pixel of the tile goes first, as a MOV; without one, output rows start
+as the smallest input value (max) or zero (average).
 
 The average then rescales by ``scale / count``: with ``count_include_pad``
 one REQUANT for the tile; otherwise the output splits into rectangles of
@@ -121,27 +122,36 @@ def tensorize_pool2d(em: Emitter, op: Pool2d, inp: TensorInfo, out: TensorInfo,
         ix0, ix1 = max(0, t.ox0 * sx - pl), min(w, (t.ox1 - 1) * sx - pl + kw)
         ih, iw = iy1 - iy0, ix1 - ix0
         scratch = base + rows + (rows if ep.residuals else 0)
-        insns: list = [reset_insn(em, base, rows, where)]
-        if op.kind == "max":
-            if not imm_ok:
-                raise CompileError(f"{where}: the ALU immediate cannot hold {in_lo}", op=op.name)
-            insns.append(alu_insn(em, "ADD", [dim("rows", rows, dst=1)], (base, 0), use_imm=True,
-                                  imm=in_lo, where=where))
+        taps = [(ky, kx, *_valid(t.oy0, t.oy1, ky, sy, pt, h),
+                 *_valid(t.ox0, t.ox1, kx, sx, pl, w)) for ky in range(kh) for kx in range(kw)]
+        taps = [tap for tap in taps if tap[2] < tap[3] and tap[4] < tap[5]]
+        # A tap valid for every output pixel of the tile (the centre one, usually) starts the
+        # rows with a MOV at one row per cycle; otherwise they start as the identity of the
+        # reduction (a reset, and the smallest value for max).
+        covering = next((tap for tap in taps if tap[2:] == (t.oy0, t.oy1, t.ox0, t.ox1)), None)
+        insns: list = []
+        if covering is not None:
+            taps.remove(covering)
+            taps.insert(0, covering)
+        else:
+            insns.append(reset_insn(em, base, rows, where))
+            if op.kind == "max":
+                if not imm_ok:
+                    raise CompileError(f"{where}: the ALU immediate cannot hold {in_lo}",
+                                       op=op.name)
+                insns.append(alu_insn(em, "ADD", [dim("rows", rows, dst=1)], (base, 0),
+                                      use_imm=True, imm=in_lo, where=where))
         insns += plane_loads(em, in_l, in_elem, scratch, t, iy0, iy1, ix0, ix1)
-        for ky in range(kh):
-            ya, yb = _valid(t.oy0, t.oy1, ky, sy, pt, h)
-            for kx in range(kw):
-                xa, xb = _valid(t.ox0, t.ox1, kx, sx, pl, w)
-                if ya >= yb or xa >= xb:
-                    continue
-                dst0 = base + (ya - t.oy0) * ow_n + (xa - t.ox0)
-                src0 = scratch + (ya * sy + ky - pt - iy0) * iw + (xa * sx + kx - pl - ix0)
-                dims = [dim("nb", nb_n, dst=cb_n * px, src=cb_n * ih * iw),
-                        dim("cb", cb_n, dst=px, src=ih * iw),
-                        dim("oy", yb - ya, dst=ow_n, src=sy * iw),
-                        dim("ox", xb - xa, dst=1, src=sx)]
-                insns.append(alu_insn(em, alu_op, dims, (dst0, src0), use_imm=False,
-                                      where=where))
+        for tap in taps:
+            ky, kx, ya, yb, xa, xb = tap
+            dst0 = base + (ya - t.oy0) * ow_n + (xa - t.ox0)
+            src0 = scratch + (ya * sy + ky - pt - iy0) * iw + (xa * sx + kx - pl - ix0)
+            dims = [dim("nb", nb_n, dst=cb_n * px, src=cb_n * ih * iw),
+                    dim("cb", cb_n, dst=px, src=ih * iw),
+                    dim("oy", yb - ya, dst=ow_n, src=sy * iw),
+                    dim("ox", xb - xa, dst=1, src=sx)]
+            insns.append(alu_insn(em, "MOV" if tap is covering else alu_op, dims, (dst0, src0),
+                                  use_imm=False, where=where))
         if op.kind == "avg":
             ry = [(t.oy0, t.oy1, kh)] if op.count_include_pad else _runs(cy, t.oy0, t.oy1)
             rx = [(t.ox0, t.ox1, kw)] if op.count_include_pad else _runs(cx, t.ox0, t.ox1)

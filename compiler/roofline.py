@@ -9,17 +9,21 @@ inputs and weights, the store module outputs) and all ports share
 ``ddr_bytes_per_cycle``, so the DRAM time is the larger of the busiest port's
 time and the total over the DDR rate.
 
-The accelerator also spends tensor-ALU time on epilogues (a row of
-``block_out`` values per operation, not counted by the roofline):
-:func:`epilogue_floor` gives the per-row cycles of the cheapest lowering.
+Pooling and elementwise operators have no MACs: :func:`alu_roofline` bounds
+them by DRAM alone, their operands entering through the compute module's port
+(``LOAD acc8``). Tensor-ALU time (pooling taps, epilogue stages) is not part
+of any operator's roofline.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
 
 from tessera.config import HwConfig
 
-from .ops import Conv2d, Dense
+from .ops import Conv2d, Dense, Eltwise, Op, Pool2d
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,13 @@ class Roofline:
         return "compute" if self.compute_cycles >= self.dram_cycles else "DRAM"
 
 
+def _touched(n_out: int, k: int, stride: int, dilation: int, pad: int, size: int) -> int:
+    """How many of ``size`` input positions some window touches (a stride larger than the
+    kernel skips the rest, which need not be read)."""
+    return len({o * stride + i * dilation - pad for o in range(n_out) for i in range(k)}
+               & set(range(size)))
+
+
 def conv_roofline(op: Conv2d | Dense, in_shape: tuple[int, int, int, int],
                   config: HwConfig) -> Roofline:
     """The roofline of a convolution or dense layer on its logical (unpacked) shape."""
@@ -47,10 +58,8 @@ def conv_roofline(op: Conv2d | Dense, in_shape: tuple[int, int, int, int],
     kh, kw = conv.weight.shape[2:]
     macs = n * o * oh * ow * (c // conv.groups) * kh * kw
     (sy, sx), (dy, dx), (t, l, _, _) = conv.stride, conv.dilation, conv.padding
-    # Only input pixels some window touches must be read (a strided 1x1 kernel skips most).
-    rows = {oy * sy + ky * dy - t for oy in range(oh) for ky in range(kh)} & set(range(h))
-    cols = {ox * sx + kx * dx - l for ox in range(ow) for kx in range(kw)} & set(range(w))
-    in_b = n * c * len(rows) * len(cols) * config.inp_width // 8
+    in_b = (n * c * _touched(oh, kh, sy, dy, t, h) * _touched(ow, kw, sx, dx, l, w)
+            * config.inp_width // 8)
     w_b = conv.weight.size * config.wgt_width // 8
     out_b = n * o * oh * ow * config.out_width // 8
     par_b = 2 * o * config.acc_width // 8   # bias and scale per channel
@@ -59,3 +68,41 @@ def conv_roofline(op: Conv2d | Dense, in_shape: tuple[int, int, int, int],
     total = (in_b + w_b + out_b + par_b) / config.ddr_bytes_per_cycle
     return Roofline(macs, macs / config.peak_macs_per_cycle, in_b + w_b + out_b + par_b,
                     max(load_port, store_port, total))
+
+
+def alu_roofline(op: Pool2d | Eltwise, shapes: Mapping[str, tuple[int, int, int, int]],
+                 config: HwConfig) -> Roofline:
+    """The roofline of a pooling or elementwise operator (no MACs: DRAM bounds it);
+    ``shapes`` gives the logical shape of each of its tensor inputs.
+
+    Its operands reach the accumulator through the compute module's port (``LOAD acc8``;
+    a pool reads only the pixels its windows touch), its output leaves through the
+    store module's. The tensor-ALU work is not part of a roofline: a 3x3 max pool runs
+    at about three times this bound on ``pynq``, its MAX operations taking the rest.
+    """
+    def nbytes(shape: tuple[int, int, int, int]) -> int:
+        return int(np.prod(shape)) * config.out_width // 8
+
+    out_shape = op.output_shape(shapes[op.inputs[0]])
+    in_shapes = [shapes[t] for t in op.inputs]
+    if isinstance(op, Pool2d):
+        (kh, kw), (sy, sx), (t, l, _, _) = op.kernel, op.stride, op.padding
+        n, c, h, w = in_shapes[0]
+        oh, ow = out_shape[2:]
+        in_shapes[0] = (n, c, _touched(oh, kh, sy, 1, t, h), _touched(ow, kw, sx, 1, l, w))
+    in_b = sum(nbytes(s) for s in in_shapes)
+    out_b = nbytes(out_shape)
+    dram = max(in_b / config.bus_bytes, out_b / config.bus_bytes,
+               (in_b + out_b) / config.ddr_bytes_per_cycle)
+    return Roofline(0, 0.0, in_b + out_b, dram)
+
+
+def op_roofline(op: Op, shape_of: Callable[[str], Sequence[int]],
+                config: HwConfig) -> Roofline:
+    """The roofline of any accelerator operator; ``shape_of(tensor)`` gives the logical
+    shape of each of its inputs (NCHW, or fewer dimensions padded with 1s)."""
+    shapes = {t: tuple(int(v) for v in shape_of(t)) for t in op.inputs}
+    shapes = {t: s + (1,) * (4 - len(s)) for t, s in shapes.items()}
+    if isinstance(op, (Conv2d, Dense)):
+        return conv_roofline(op, shapes[op.inputs[0]], config)  # type: ignore[arg-type]
+    return alu_roofline(op, shapes, config)  # type: ignore[arg-type]

@@ -7,6 +7,7 @@ import numpy as np
 from hypothesis import HealthCheck, settings
 
 from tessera.compiler import compile_ops, verify_dram_plan, verify_program
+from tessera.compiler.roofline import op_roofline
 from tessera.config import PRESETS
 
 TINY = PRESETS["tiny"]
@@ -20,7 +21,8 @@ FEW = settings(max_examples=int(_EXAMPLES or 40), deadline=None, derandomize=not
 
 
 def compile_and_run(ops, inputs: dict, config, **options):
-    """Compile, check the token verifier and the DRAM plan's verifier, simulate.
+    """Compile, check the token verifier and the DRAM plan's verifier, simulate; a single
+    operator must take at least its roofline bound (the bound is a lower bound).
 
     Returns (outputs by name, SimResult, CompiledProgram).
     """
@@ -31,5 +33,8 @@ def compile_and_run(ops, inputs: dict, config, **options):
                      compiled.config)
     outputs, result = compiled.run(inputs)
     assert result.stats.leftover_tokens == {}
+    if len(ops) == 1:
+        bound = op_roofline(ops[0], shapes.__getitem__, config).bound
+        assert result.stats.cycles >= bound, (ops[0].name, result.stats.cycles, bound)
     return outputs, result, compiled
 
