@@ -5,8 +5,8 @@ the model's tensors on the host by name and runs each step in order:
 
 * an accelerator segment: its program is loaded on the device once
   (:meth:`~.device.Device.load`: a buffer per segment, weights and microcode written,
-  the stream relocated); each run writes only the input segments, launches (the DMA
-  firewall checks every launch), waits and reads back only the output segments;
+  the stream relocated); each run writes only the input segments, launches (through
+  the DMA firewall), waits and reads back only the output segments;
 * a CPU step: its LLVM kernel (JIT-compiled once per model and cached) on the host;
 * a view: a reshape.
 

@@ -292,6 +292,38 @@ def test_firewall_refuses_malformed_and_unfinished_streams(fresh):
     _assert_nothing_ran(dev, [])
 
 
+def test_a_relaunched_stream_is_checked_again_once_anything_changed(fresh, monkeypatch):
+    """An unchanged stream with the same buffers keeps its verdict (decoding and checking
+    a model's stream each run takes long); a write to the stream or other buffers, or a
+    stream the run itself may write, is checked afresh."""
+    import tessera.runtime.device as device_module
+
+    checks = []
+    check = device_module.check_launch
+    monkeypatch.setattr(device_module, "check_launch",
+                        lambda *a, **k: (checks.append(1), check(*a, **k))[1])
+    dev = fresh
+    out = dev.allocate(4096, "out")
+    other = dev.allocate(4096, "other")
+    good = _store_program(_out_store(out.address))
+    stream = dev.allocate(len(good) * 16, "stream")
+    stream.write(ISA.encode_program(good))
+    for _ in range(2):
+        dev.launch(stream, buffers=[out])
+        dev.wait()
+    assert len(checks) == 1
+    with pytest.raises(FirewallError, match="buffers: other"):
+        dev.launch(stream, buffers=[other])             # other buffers: checked again
+    stream.write(ISA.encode_program(_store_program(_out_store(other.address))))
+    with pytest.raises(FirewallError, match="buffers: out"):
+        dev.launch(stream, buffers=[out])               # rewritten: checked again
+    stream.write(ISA.encode_program(good))
+    for _ in range(2):
+        dev.launch(stream)                              # every live buffer, the stream too
+        dev.wait()
+    assert len(checks) == 5 and dev.counters()["runs"] == 4
+
+
 def test_relocation_refuses_a_dma_outside_the_program_segments():
     p = Program(TINY)
     p.add_segment("x", 4096)
