@@ -2,7 +2,7 @@
 
 Usage: python benchmarks/resnet18.py [--config pynq] [--layers] [--timeline FILE.png]
 
-Builds torchvision's ResNet-18 topology from seeded numpy weights (tessera.compiler.zoo),
+Builds torchvision's ResNet-18 topology from seeded numpy weights (tessera.compiler.frontend.zoo),
 quantizes it with onnxruntime's post-training static quantization (8 random calibration
 samples), compiles it with ``tessera.compile`` and runs it on the cycle-level simulator.
 The output is compared with onnxruntime running the same int8 QDQ model
@@ -26,9 +26,9 @@ import numpy as np
 
 import tessera
 from tessera.compiler import zoo
-from tessera.compiler.qdq import OPS as FUSED_OPS
-from tessera.compiler.check import int8_agreement, output_scales, reference_outputs
-from tessera.compiler.quantize import quantize_static
+from tessera.compiler.frontend.qdq import OPS as FUSED_OPS
+from tessera.compiler.golden.check import int8_agreement, output_scales, reference_outputs
+from tessera.compiler.frontend.quantize import quantize_static
 from tessera.config import get_config
 
 TARGET_LATENCY_MS = 100.0

@@ -5,12 +5,12 @@ Usage: python benchmarks/resnet_layers.py [--config pynq] [--layers C1,C2,...] [
 Each layer (shapes from the spec's references.md) gets a bias + per-channel
 requantize + ReLU epilogue (onnxruntime's QLinearConv output stage, bit-exact
 REQUANT). For every layer it prints the MACs, the roofline bound (compute vs
-DRAM, see tessera.compiler.roofline), the simulated cycles and cycles/bound
+DRAM, see tessera.compiler.accel.roofline), the simulated cycles and cycles/bound
 with two virtual threads and with one (no latency hiding), the minimum work of
 the busier compute unit for the lowering (GEMM unit: GEMM operations; ALU
 unit: rows x initiation interval of the bias init and the epilogue, which run
 beside the GEMMs with two threads) and the compile time. Outputs are checked
-bit-exactly against the numpy reference of tessera.compiler.reference
+bit-exactly against the numpy reference of tessera.compiler.golden.operators
 (--no-check skips it).
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from tessera.compiler import Conv2d, compile_ops, conv_roofline, requantize
-from tessera.compiler.reference import run_reference
+from tessera.compiler.golden.operators import run_reference
 from tessera.config import get_config
 from tessera.isa import ALU_OPS, Alu, Gemm
 from tessera.sim import simulate

@@ -2,7 +2,7 @@
 
 Three parts, each printing a table:
 
-1. the instruction-level suite (tests/test_sim_semantics.py) on the ``pynq``
+1. the instruction-level suite (tests/sim/test_sim_semantics.py) on the ``pynq``
    preset through Verilator: per program, simulator and RTL cycles;
 2. a 256x256x256 int8 GEMM (the blocked kernel, 2 virtual threads) on
    ``pynq``: bit-exactness, cycles, and RTL simulation speed in cycles/s;
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tessera.config import PRESETS  # noqa: E402
-from tessera.hw.rtlsim import RtlSim, run_program  # noqa: E402
+from tessera.hw.harness.rtlsim import RtlSim, run_program  # noqa: E402
 from tessera.kernels.gemm import gemm_program  # noqa: E402
 from tessera.sim import simulate  # noqa: E402
 
@@ -52,7 +52,7 @@ def suite_on(config_name: str) -> bool:
         t0 = time.perf_counter()
         proc = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-             "tests/test_sim_semantics.py", "-k", f"rtl and {config_name}"],
+             "tests/sim/test_sim_semantics.py", "-k", f"rtl and {config_name}"],
             cwd=ROOT, env=env, capture_output=True, text=True)
         wall = time.perf_counter() - t0
         rows = [json.loads(line) for line in report.read_text().splitlines()] \

@@ -1,6 +1,6 @@
 """``tessera.compiler``: operators in, accelerator programs out.
 
-Build operators (:mod:`.ops`), compile them with :func:`compile_ops` for any
+Build operators (:mod:`.accel.ops`), compile them with :func:`compile_ops` for any
 :class:`~tessera.config.HwConfig`, run the result on the simulator::
 
     from tessera.compiler import Conv2d, compile_ops, requantize
@@ -16,23 +16,25 @@ The passes, each checked by a verifier in the tests: ``plan_conv_tiles`` /
 placement with reuse), ``insert_dependency_tokens`` (hazard analysis of the
 load/compute/store streams) and ``verify_program``. See docs/compiler.md.
 """
-from .acctile import AluPlan, plan_alu_tiles
-from .build import CompiledProgram, compile_op, compile_ops, infer_shapes
-from .conv import ConvGeom, ConvPlan, estimate_conv_cycles, plan_conv_tiles, tensorize_conv2d
-from .dram import DramPlan, plan_dram, verify_dram_plan
-from .eltwise import tensorize_eltwise
-from .epilogue import plan_epilogue
+from .accel.acctile import AluPlan, plan_alu_tiles
+from .accel.build import CompiledProgram, compile_op, compile_ops, infer_shapes
+from .accel.conv import tensorize_conv2d
+from .accel.convcost import estimate_conv_cycles, plan_conv_tiles
+from .accel.convplan import ConvGeom, ConvPlan
+from .accel.dram import DramPlan, plan_dram, verify_dram_plan
+from .accel.eltwise import tensorize_eltwise
+from .accel.epilogue import plan_epilogue
 from tessera.errors import CompileError, VerificationError
-from .layout import (ActLayout, GroupBlocks, pack_activation, pack_conv_weights, pack_weights,
+from .accel.layout import (ActLayout, GroupBlocks, pack_activation, pack_conv_weights, pack_weights,
                      unpack_activation, unpack_conv_weights, unpack_weights)
-from .nest import map_nest
-from .ops import (AddConst, Bias, Clip, Conv2d, Dense, Eltwise, Pool2d, Requant, Residual, Shift,
+from .accel.nest import map_nest
+from .accel.ops import (AddConst, Bias, Clip, Conv2d, Dense, Eltwise, Pool2d, Requant, Residual, Shift,
                   clip, relu, requantize)
-from .packing import KernelPacking, choose_packing, pack_small_channel_convs
-from .pool import tensorize_pool2d
-from .roofline import Roofline, conv_roofline
-from .sync import insert_dependency_tokens
-from .verify import VerifyReport, verify_program
+from .accel.packing import KernelPacking, choose_packing, pack_small_channel_convs
+from .accel.pool import tensorize_pool2d
+from .accel.roofline import Roofline, conv_roofline
+from .accel.sync import insert_dependency_tokens
+from .accel.verify import VerifyReport, verify_program
 
 __all__ = [
     "ActLayout", "AddConst", "AluPlan", "Bias", "Clip", "CompileError", "CompiledProgram",
@@ -46,3 +48,12 @@ __all__ = [
     "unpack_activation", "unpack_conv_weights", "unpack_weights", "verify_dram_plan",
     "verify_program",
 ]
+
+
+def __getattr__(name: str):
+    # The model zoo is public as ``tessera.compiler.zoo`` but needs onnx, which importing
+    # ``tessera.compiler`` must not pull in: it loads on first use.
+    if name == "zoo":
+        from .frontend import zoo
+        return zoo
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

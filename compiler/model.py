@@ -1,17 +1,22 @@
 """Whole models: :func:`compile_model` (ONNX in) and :class:`CompiledModel` (``.tsr`` out).
 
-The pipeline, each step a pass of its own module:
+The pipeline, :func:`compile_model`, runs four stages, each a function here calling the
+passes of one folder (docs/architecture.md):
 
-1. :func:`~.onnx_import.import_onnx` (checks, opset 17, shapes, constant folding),
-   :func:`~.passes.remove_identity`, :func:`~.passes.fold_batch_norm`;
-2. a float model is quantized (:func:`~.quantize.quantize_static`, onnxruntime's PTQ, so
-   its QDQ model is the reference) from ``calibration`` samples;
-3. :func:`~.qdq.fuse_qdq` (integer nodes), :func:`~.lower.convert_flattened_gemms`;
-4. :func:`~.partition.place_nodes` (accelerator, CPU or view, with the reason) and
-   :func:`~.partition.segments`;
-5. each segment: its nodes lowered (:func:`~.lower.lower_node`), residual adds fused into
-   the convolutions that feed them, compiled by :func:`~.build.compile_ops` into one
-   program; every CPU node into CPU kernels (:func:`~.cpu_lower.lower_node_to_cpu`).
+1. :func:`import_quantized` (``frontend/``): :func:`~.frontend.onnx_import.import_onnx`
+   (checks, opset 17, shapes, constant folding); a float model is quantized
+   (:func:`~.frontend.quantize.quantize_static`, onnxruntime's PTQ, so its QDQ model is the
+   reference) from ``calibration`` samples;
+2. :func:`fuse_integer_nodes` (``frontend/``): :func:`~.frontend.passes.remove_identity`,
+   :func:`~.frontend.passes.fold_batch_norm`, :func:`~.frontend.qdq.fuse_qdq` (integer
+   nodes), :func:`~.accel.lower.convert_flattened_gemms`;
+3. :func:`place_and_compile` (``placement/``): :func:`~.placement.partition.place_nodes`
+   (accelerator, CPU or view, with the reason, from the cost models of
+   :mod:`.placement.cost`) and :func:`~.placement.partition.segments`;
+4. then, in the same function, the backends: each segment's nodes lowered
+   (:func:`~.accel.lower.lower_node`), residual adds fused into the convolutions that feed
+   them, compiled by :func:`~.accel.build.compile_ops` into one program (``accel/``); every
+   CPU node into CPU kernels (:func:`~.cpu.lower.lower_node_to_cpu`, ``cpu/``).
 
 A :class:`CompiledModel` is plain data (programs, packed weights inside them, CPU kernel
 IR, the step list, the placements, the config): :meth:`CompiledModel.save` writes it as
@@ -31,10 +36,10 @@ from tessera.config import HwConfig, get_config
 from tessera.errors import CompileError, ProgramFileError
 from tessera.modelfile import ModelFile
 
-from .build import CompiledProgram, compile_ops
-from .cpu_lower import CpuStep
-from .ops import Conv2d, Dense, Op, Pool2d, Residual
-from .roofline import op_roofline
+from .accel.build import CompiledProgram, compile_ops
+from .cpu.lower import CpuStep
+from .accel.ops import Conv2d, Dense, Op, Pool2d, Residual
+from .accel.roofline import op_roofline
 
 __all__ = ["AccelStep", "CompiledModel", "LayerInfo", "TensorSig", "compile_model"]
 
@@ -168,7 +173,7 @@ class CompiledModel:
 
     @classmethod
     def from_modelfile(cls, mf: ModelFile, source: str = "model") -> "CompiledModel":
-        from .partition import Placement
+        from .placement.partition import Placement
         m = mf.manifest
         if m.get("kind") != KIND:
             raise ProgramFileError(f"{source} is a Tessera file but not a compiled model "
@@ -218,75 +223,98 @@ def compile_model(model: Any, config: HwConfig | str | None = None, *,
     A float model needs ``calibration`` (a list of input feeds) to be quantized; an int8
     QDQ model compiles as it is. ``force_cpu`` keeps the named nodes (of the fused graph,
     see :attr:`CompiledModel.placements`) on the CPU; ``host`` is the
-    :class:`~.partition.HostCost` the placement assumes. ``progress(stage, done, total)``
+    :class:`~.placement.cost.HostCost` the placement assumes. ``progress(stage, done, total)``
     is called as compilation advances.
     """
-    from .graph import Graph
-    from .onnx_import import import_onnx, to_onnx
-    from .partition import HostCost, place_nodes
-    from .passes import fold_batch_norm, remove_identity
-    from .qdq import fuse_qdq
-    from .lower import convert_flattened_gemms
-    from .quantize import is_quantized, quantize_static
+    from .placement.cost import HostCost
 
     t0 = time.perf_counter()
     cfg = get_config(config)
     report = progress or (lambda stage, done, total: None)
+    graph, reference = import_quantized(model, input_shapes, calibration, report)
+    fuse_integer_nodes(graph)
+    placements, steps, runs = place_and_compile(graph, cfg, host or HostCost(), force_cpu,
+                                                report)
+    counts = {t: sum(p.target == t for p in placements) for t in ("accelerator", "cpu", "view")}
+    compiled = CompiledModel(cfg, _signatures(graph, graph.inputs),
+                             _signatures(graph, graph.outputs), steps, placements, graph.name,
+                             time.perf_counter() - t0,
+                             {"nodes": counts, "segments": len(runs)}, reference)
+    report("done", 1, 1)
+    return compiled
+
+
+def import_quantized(model: Any, input_shapes, calibration, report: Progress):
+    """Stage 1 (frontend): the model as a graph of int8 QDQ nodes, and the QDQ ONNX model
+    onnxruntime runs as the reference. A float model is quantized from ``calibration``."""
+    from .frontend.onnx_import import import_onnx, to_onnx
+    from .frontend.quantize import is_quantized, quantize_static
+
     report("import", 0, 1)
-    graph: Graph = import_onnx(model, input_shapes)
-    source = graph.name
-    if not is_quantized(graph):
-        if calibration is None:
-            raise CompileError(f"model {source!r} is a float model: pass calibration=[{{input "
-                               "name: array}, ...]] (a few representative inputs) to quantize "
-                               "it to int8, or give an int8 QDQ model")
-        report("quantize", 0, 1)
-        reference = quantize_static(to_onnx(graph), calibration)
-        graph = import_onnx(reference, input_shapes)
-    else:
-        reference = to_onnx(graph)
+    graph = import_onnx(model, input_shapes)
+    if is_quantized(graph):
+        return graph, to_onnx(graph)
+    if calibration is None:
+        raise CompileError(f"model {graph.name!r} is a float model: pass calibration=[{{input "
+                           "name: array}, ...]] (a few representative inputs) to quantize "
+                           "it to int8, or give an int8 QDQ model")
+    report("quantize", 0, 1)
+    reference = quantize_static(to_onnx(graph), calibration)
+    return import_onnx(reference, input_shapes), reference
+
+
+def fuse_integer_nodes(graph) -> None:
+    """Stage 2 (frontend passes): identities out, batch norms folded, QDQ patterns fused
+    into integer nodes, flattened Gemms converted; the graph verified."""
+    from .accel.lower import convert_flattened_gemms
+    from .frontend.passes import fold_batch_norm, remove_identity
+    from .frontend.qdq import fuse_qdq
+
     remove_identity(graph)
     fold_batch_norm(graph)
     fuse_qdq(graph)
     convert_flattened_gemms(graph)
     graph.remove_unused()
     graph.verify()
+
+
+def place_and_compile(graph, config: HwConfig, host, force_cpu: Sequence[str],
+                      report: Progress):
+    """Stages 3 and 4 (placement, then each backend): ``(placements, steps, segments)``.
+
+    A node the accelerator supports but whose tensors do not fit the config's buffers
+    (e.g. too many channels' parameters for a small accumulator) falls back to the CPU and
+    the placement says so.
+    """
+    from .placement.partition import place_nodes
+
     report("place", 0, 1)
-    host = host or HostCost()
     misfits: dict[str, str] = {}
     while True:
-        placements = place_nodes(graph, cfg, host=host, force_cpu=[*force_cpu, *misfits])
+        placements = place_nodes(graph, config, host=host, force_cpu=[*force_cpu, *misfits])
         for p in placements:
             if p.node in misfits:
                 p.reason = misfits[p.node]
         try:
-            steps, runs = _compile_steps(graph, placements, cfg, report)
-            break
+            steps, runs = _compile_steps(graph, placements, config, report)
+            return placements, steps, runs
         except CompileError as exc:
-            # A node the accelerator supports but whose tensors do not fit the config's
-            # buffers (e.g. too many channels' parameters for a small accumulator) falls
-            # back to the CPU; the placement says so.
-            if exc.op is None or exc.op in misfits or exc.op not in {p.node for p in placements
-                                                                       if p.target ==
-                                                                       "accelerator"}:
+            on_accel = {p.node for p in placements if p.target == "accelerator"}
+            if exc.op is None or exc.op in misfits or exc.op not in on_accel:
                 raise
-            misfits[exc.op] = f"does not fit config {cfg.name!r}: {exc}"
+            misfits[exc.op] = f"does not fit config {config.name!r}: {exc}"
             report("place", 0, 1)
-    sigs = [TensorSig(n, graph.value(n).shape, graph.value(n).dtype) for n in graph.inputs]
-    outs = [TensorSig(n, graph.value(n).shape, graph.value(n).dtype) for n in graph.outputs]
-    counts = {t: sum(p.target == t for p in placements) for t in ("accelerator", "cpu", "view")}
-    stats = {"nodes": counts, "segments": len(runs)}
-    compiled = CompiledModel(cfg, sigs, outs, steps, placements, source,
-                             time.perf_counter() - t0, stats, reference)
-    report("done", 1, 1)
-    return compiled
+
+
+def _signatures(graph, names: Sequence[str]) -> list[TensorSig]:
+    return [TensorSig(n, graph.value(n).shape, graph.value(n).dtype) for n in names]
 
 
 def _compile_steps(graph, placements, config: HwConfig, report: Progress):
     """The steps of a placed graph: a program per accelerator segment, CPU kernels for the
     other nodes, in graph order."""
-    from .cpu_lower import lower_node_to_cpu
-    from .partition import segments
+    from .cpu.lower import lower_node_to_cpu
+    from .placement.partition import segments
     runs = segments(graph, placements)
     target = {p.node: p.target for p in placements}
     readers = _readers_after(graph)
@@ -326,7 +354,7 @@ def _readers_after(graph) -> dict[str, list[int]]:
 def _compile_segment(graph, nodes, name: str, config: HwConfig,
                      readers: dict[str, list[int]], on_op) -> AccelStep:
     """Lower a run of accelerator nodes, fuse residual adds, compile one program."""
-    from .lower import fuse_add_into_conv, lower_node
+    from .accel.lower import fuse_add_into_conv, lower_node
     ops: list[Op] = []
     members: dict[str, list[str]] = {}
     for node in nodes:

@@ -61,34 +61,33 @@ class Accelerator(wiring.Component):
     def elaborate(self, platform) -> Module:
         m = Module()
         c = self.config
-        isa = get_isa(c)
         m.submodules.control = ctrl = Control(c)
         wiring.connect(m, wiring.flipped(self.s_axi_control), ctrl.bus)
         m.d.comb += self.interrupt.eq(ctrl.interrupt)
 
         # A start clears the run state of everything below (buffers keep their contents).
-        def run_scoped(name, component):
-            m.submodules[name] = ResetInserter({"sync": ctrl.start})(component)
-            return component
+        fetch = _run_scoped(m, ctrl, "fetch", Fetch(c))
+        mods = {"load": _run_scoped(m, ctrl, "load", LoadModule(c)),
+                "compute": _run_scoped(m, ctrl, "compute", ComputeModule(c)),
+                "store": _run_scoped(m, ctrl, "store", StoreModule(c))}
+        self._add_buffers(m, mods)
+        self._connect_command_queues(m, ctrl, fetch, mods)
+        self._connect_token_queues(m, ctrl, mods)
+        _connect_errors(m, ctrl, fetch, mods)
+        self._connect_axi_ports(m, {"fetch": fetch, **mods})
+        return m
 
-        fetch = run_scoped("fetch", Fetch(c))
-        mods = {"load": run_scoped("load", LoadModule(c)),
-                "compute": run_scoped("compute", ComputeModule(c)),
-                "store": run_scoped("store", StoreModule(c))}
-
-        # ---- buffers
-        def buffer(name, width, depth):
-            mem = memory.Memory(shape=width, depth=depth, init=[])
-            m.submodules[name] = mem
-            return mem
-
-        uop = buffer("uop_buf", isa.uop_layout.bits, c.uop_depth)
-        inp = buffer("inp_buf", c.inp_entry_bytes * 8, c.inp_depth)
-        wgt = buffer("wgt_buf", c.wgt_entry_bytes * 8, c.wgt_depth)
+    def _add_buffers(self, m: Module, mods: dict) -> None:
+        """The on-chip buffers, with the modules' write and read ports."""
+        c = self.config
+        isa = get_isa(c)
+        uop = _buffer(m, "uop_buf", isa.uop_layout.bits, c.uop_depth)
+        inp = _buffer(m, "inp_buf", c.inp_entry_bytes * 8, c.inp_depth)
+        wgt = _buffer(m, "wgt_buf", c.wgt_entry_bytes * 8, c.wgt_depth)
         # The accumulator and its output mirror: ACC_BANKS banks by row, a port each.
-        accs = [buffer(f"acc_buf{b}", c.acc_entry_bytes * 8, c.acc_bank_rows)
+        accs = [_buffer(m, f"acc_buf{b}", c.acc_entry_bytes * 8, c.acc_bank_rows)
                 for b in range(ACC_BANKS)]
-        outs = [buffer(f"out_buf{b}", c.out_entry_bytes * 8, c.acc_bank_rows)
+        outs = [_buffer(m, f"out_buf{b}", c.out_entry_bytes * 8, c.acc_bank_rows)
                 for b in range(ACC_BANKS)]
         load, comp, store = mods["load"], mods["compute"], mods["store"]
         for mem, port in ((uop, comp.uop_wr), (inp, load.inp_wr), (wgt, load.wgt_wr),
@@ -99,9 +98,12 @@ class Accelerator(wiring.Component):
                           *((uop, p) for p in comp.uop_rd)):
             rp = mem.read_port()
             m.d.comb += [rp.addr.eq(port.addr), rp.en.eq(port.en), port.data.eq(rp.data)]
-        # The store reads the out bank of its row; the bank bit is registered with the read,
-        # so the data holds while en is low, as a single memory's would.
-        out_rd = store.out_rd
+        self._connect_out_reads(m, store.out_rd, outs)
+
+    def _connect_out_reads(self, m: Module, out_rd, outs: list) -> None:
+        """The store reads the out bank of its row; the bank bit is registered with the read,
+        so the data holds while en is low, as a single memory's would."""
+        c = self.config
         out_bank = Signal(range(ACC_BANKS))
         with m.If(out_rd.en):
             m.d.sync += out_bank.eq(bank_of(c, out_rd.addr))
@@ -111,7 +113,9 @@ class Accelerator(wiring.Component):
             with m.If(out_bank == b):
                 m.d.comb += out_rd.data.eq(rp.data)
 
-        # ---- command queues
+    def _connect_command_queues(self, m: Module, ctrl: Control, fetch: Fetch, mods: dict) -> None:
+        """A run-scoped command FIFO from the fetch to each module's sequencer."""
+        c = self.config
         for t in TARGETS:
             q = fifo.SyncFIFO(width=INSN_BITS + INDEX_BITS, depth=c.cmd_queue_depth)
             m.submodules[f"{t}_cmd"] = ResetInserter({"sync": ctrl.start})(q)
@@ -121,10 +125,12 @@ class Accelerator(wiring.Component):
                          getattr(fetch, f"cmd_{t}_rdy").eq(q.w_rdy),
                          seq.cmd_rdy.eq(q.r_rdy), seq.cmd_data.eq(q.r_data), q.r_en.eq(seq.cmd_en)]
 
-        # ---- token queues
+    def _connect_token_queues(self, m: Module, ctrl: Control, mods: dict) -> None:
+        """The run-scoped token queues of ``TOKEN_QUEUES``, each sequencer popping from and
+        pushing to those it shares with its neighbours."""
         tokens = {}
         for a, b in TOKEN_QUEUES:
-            q = TokenQueue(c.token_queue_depth)
+            q = TokenQueue(self.config.token_queue_depth)
             m.submodules[f"tokens_{a}_{b}"] = ResetInserter({"sync": ctrl.start})(q)
             tokens[a, b] = q
         for name, mod in mods.items():
@@ -138,28 +144,9 @@ class Accelerator(wiring.Component):
                              getattr(seq, f"can_push_{side}").eq(outq.can_push),
                              outq.push.eq(getattr(seq, f"push_{side}"))]
 
-        # ---- errors, halt, finish
-        codes = [("fetch", fetch.error_code, fetch.error_index)] + \
-            [(n, mods[n].error, mods[n].error_index) for n in ("load", "compute", "store")]
-        code, index = Signal(ERROR_CODE_BITS), Signal(INDEX_BITS)
-        for _, c_sig, i_sig in reversed(codes):
-            with m.If(c_sig != 0):
-                m.d.comb += [code.eq(c_sig), index.eq(i_sig)]
-        # Halting from the latched error (one cycle late) keeps the error paths free of
-        # combinational loops; the failing executor itself has already stopped.
-        halt = Signal()
-        m.d.comb += [ctrl.error_code.eq(code), ctrl.error_index.eq(index),
-                     halt.eq(ctrl.error),
-                     ctrl.finish.eq(comp.finish),
-                     ctrl.stopped.eq(~fetch.busy & ~Cat(*(mods[n].busy for n in mods)).any()),
-                     fetch.run.eq(ctrl.running), fetch.halt.eq(halt),
-                     fetch.insn_addr.eq(ctrl.insn_addr), fetch.insn_count.eq(ctrl.insn_count)]
-        for mod in mods.values():
-            # A module whose instruction failed starts nothing more, even before the latch.
-            m.d.comb += mod.seq.halt.eq(halt | ~ctrl.running | (mod.error != 0))
-
-        # ---- AXI ports
-        engines = {"fetch": fetch, **mods}
+    def _connect_axi_ports(self, m: Module, engines: dict) -> None:
+        """Each DRAM port's AXI master to the channels of the modules the config assigns
+        it: the reading module's AR/R, the store's AW/W/B."""
         for p in self.ports:
             port = getattr(self, p.name)
             names = []
@@ -175,4 +162,39 @@ class Accelerator(wiring.Component):
                     m.d.comb += dst.eq(src)
                 else:
                     m.d.comb += src.eq(dst)
-        return m
+
+
+def _run_scoped(m: Module, ctrl: Control, name: str, component):
+    """Add ``component`` as submodule ``name``, its run state cleared by a start."""
+    m.submodules[name] = ResetInserter({"sync": ctrl.start})(component)
+    return component
+
+
+def _buffer(m: Module, name: str, width: int, depth: int) -> memory.Memory:
+    """An on-chip buffer: a memory of ``depth`` entries of ``width`` bits, submodule ``name``."""
+    mem = memory.Memory(shape=width, depth=depth, init=[])
+    m.submodules[name] = mem
+    return mem
+
+
+def _connect_errors(m: Module, ctrl: Control, fetch: Fetch, mods: dict) -> None:
+    """Errors, halt, finish: the first failing unit's error code and instruction index go
+    to the control block, which halts the fetch and the modules and sees them stop."""
+    codes = [("fetch", fetch.error_code, fetch.error_index)] + \
+        [(n, mods[n].error, mods[n].error_index) for n in ("load", "compute", "store")]
+    code, index = Signal(ERROR_CODE_BITS), Signal(INDEX_BITS)
+    for _, c_sig, i_sig in reversed(codes):
+        with m.If(c_sig != 0):
+            m.d.comb += [code.eq(c_sig), index.eq(i_sig)]
+    # Halting from the latched error (one cycle late) keeps the error paths free of
+    # combinational loops; the failing executor itself has already stopped.
+    halt = Signal()
+    m.d.comb += [ctrl.error_code.eq(code), ctrl.error_index.eq(index),
+                 halt.eq(ctrl.error),
+                 ctrl.finish.eq(mods["compute"].finish),
+                 ctrl.stopped.eq(~fetch.busy & ~Cat(*(mods[n].busy for n in mods)).any()),
+                 fetch.run.eq(ctrl.running), fetch.halt.eq(halt),
+                 fetch.insn_addr.eq(ctrl.insn_addr), fetch.insn_count.eq(ctrl.insn_count)]
+    for mod in mods.values():
+        # A module whose instruction failed starts nothing more, even before the latch.
+        m.d.comb += mod.seq.halt.eq(halt | ~ctrl.running | (mod.error != 0))

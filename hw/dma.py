@@ -1,7 +1,7 @@
 """The 2-D strided DMA engines behind LOAD and STORE (docs/timing.md, "LOAD and STORE").
 
 :class:`DmaReader` moves a block from DRAM into one on-chip buffer (padded with
-the instruction's ``pad_value``), :class:`DmaWriter` moves a block of the output buffer to DRAM. Both
+the instruction's ``pad_value``), :class:`~.dma_writer.DmaWriter` (in :mod:`.dma_writer`) moves a block of the output buffer to DRAM. Both
 take one LOAD/STORE instruction at a time and reproduce ``Datapath.load`` /
 ``Datapath.store`` of the simulator bit for bit and
 :func:`tessera.timing.dma_cost` cycle for cycle when the DRAM is uncontended.
@@ -29,11 +29,12 @@ from .layouts import mem_layout
 from .ports import (AXI_BURST_INCR, AXI_RESP_OKAY, axi_signature, sram_read_signature,
                     sram_write_signature)
 
-__all__ = ["BurstAddressGenerator", "DmaReader", "DmaWriter", "sram_addr_bits"]
+__all__ = ["ELEM_ADDR_BITS", "BurstAddressGenerator", "DmaEngine", "DmaReader", "EngineLogic",
+           "sram_addr_bits"]
 
 #: A row's element address dram_base + y * x_stride may exceed 32 bits before the
 #: address check has rejected the instruction (or one row past the last).
-_ELEM_BITS = DRAM_ADDR_BITS + DMA_SIZE_BITS + 1
+ELEM_ADDR_BITS = DRAM_ADDR_BITS + DMA_SIZE_BITS + 1
 
 
 def _log2(n: int) -> int:
@@ -47,7 +48,7 @@ def sram_addr_bits(depth: int) -> int:
 
 
 #: Attributes of a signal holding a product that should be built from LUTs (yosys
-#: synth_xilinx through tessera.hw.resources, and Vivado, honour ``use_dsp``).
+#: synth_xilinx through tessera.hw.synth.resources, and Vivado, honour ``use_dsp``).
 SOFT_MULTIPLIER = {"use_dsp": "no"}
 
 
@@ -100,7 +101,7 @@ class _Geometry:
     def dram_error(self, ins):
         """``(statements, flag)``: the flag is set if a byte of the rows lies at or above 2**32."""
         y_last = Signal(DMA_SIZE_BITS)
-        end = Signal(_ELEM_BITS + 1)          # one past the last element of the last row
+        end = Signal(ELEM_ADDR_BITS + 1)          # one past the last element of the last row
         # A once-per-instruction check: LUTs, so the DSPs stay with the GEMM core and ALU.
         span = Signal(2 * DMA_SIZE_BITS, attrs=SOFT_MULTIPLIER)
         stmts = [y_last.eq(ins.y_size - 1), span.eq(y_last * ins.x_stride),
@@ -137,8 +138,8 @@ class BurstAddressGenerator(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         g = self._geo
-        elem = Signal(_ELEM_BITS)
-        beat = Signal(_ELEM_BITS + g.log2_eb)
+        elem = Signal(ELEM_ADDR_BITS)
+        beat = Signal(ELEM_ADDR_BITS + g.log2_eb)
         rem = Signal(g.row_beat_bits)          # beats of the current row not yet requested
         rows = Signal(DMA_SIZE_BITS)
         x_size = Signal(DMA_SIZE_BITS)
@@ -184,7 +185,7 @@ class BurstAddressGenerator(wiring.Component):
         return m
 
 
-class _DmaEngine(wiring.Component):
+class DmaEngine(wiring.Component):
     """What both engines share: the buffer's geometry and the start/busy/error,
     AXI and SRAM ports (a reader writes the buffer, a writer reads it)."""
 
@@ -207,7 +208,62 @@ class _DmaEngine(wiring.Component):
         })
 
 
-class DmaReader(_DmaEngine):
+class EngineLogic:
+    """One elaboration of a DMA engine: its address generator (submodule ``channel``, the
+    AXI address channel it drives), the latched instruction and its DRAM address check,
+    and the FSM steps both engines share. Signals are attributes of the engine's logic;
+    those made in pairs keep the statement form (locals or attributes) that gives their
+    Verilog names (Amaranth's tracer names them from it)."""
+
+    def __init__(self, eng: DmaEngine, m: Module, channel: str) -> None:
+        self.eng, self.m, self.g = eng, m, eng._geo
+        self.channel = channel
+        m.submodules[channel] = self.gen = BurstAddressGenerator(eng.config, eng.elem_bytes)
+        self.ins = Signal(mem_layout(eng.config))
+        dram_stmts, self.dram_err = self.g.dram_error(self.ins)
+        m.d.comb += dram_stmts
+
+    def drive_address_channel(self) -> None:
+        """The address generator walks the instruction's rows and offers its bursts on
+        the AXI address channel."""
+        gen, ins, axi, ch = self.gen, self.ins, self.eng.axi, self.channel
+        self.m.d.comb += [
+            gen.base.eq(ins.dram_base), gen.stride.eq(ins.x_stride),
+            gen.x_size.eq(ins.x_size), gen.y_size.eq(ins.y_size),
+            getattr(axi, f"{ch}valid").eq(gen.valid), gen.ready.eq(getattr(axi, f"{ch}ready")),
+            getattr(axi, f"{ch}addr").eq(gen.addr), getattr(axi, f"{ch}len").eq(gen.len),
+            getattr(axi, f"{ch}size").eq(self.g.log2_bus),
+            getattr(axi, f"{ch}burst").eq(AXI_BURST_INCR),
+            getattr(axi, f"{ch}id").eq(self.eng.axi_id),
+        ]
+
+    def finish(self) -> None:
+        """End the instruction: back to IDLE."""
+        self.m.d.sync += self.eng.busy.eq(0)
+        self.m.next = "IDLE"
+
+    def idle(self) -> None:
+        """The IDLE state: latch the instruction at ``start``."""
+        m, eng = self.m, self.eng
+        with m.If(eng.start):
+            m.d.sync += [self.ins.eq(eng.insn), eng.busy.eq(1), eng.error.eq(0)]
+            m.next = "SETUP"
+
+    def reject(self, sram_err) -> None:
+        """SETUP's checks: end an instruction with no columns, or one whose block leaves
+        the buffer or DRAM (with its error code). The caller continues the If chain."""
+        m, eng = self.m, self.eng
+        with m.If(self.ins.x_size == 0):
+            self.finish()
+        with m.Elif(sram_err):
+            m.d.sync += eng.error.eq(ErrorCode.SRAM_BOUNDS)
+            self.finish()
+        with m.Elif(self.dram_err):
+            m.d.sync += eng.error.eq(ErrorCode.DRAM_ADDRESS)
+            self.finish()
+
+
+class DmaReader(DmaEngine):
     """LOAD engine: 2-D strided DMA from DRAM into one on-chip buffer, with padding.
 
     Built for one memory type ``mem``; ``axi_id`` tags its reads. Pulse
@@ -240,28 +296,56 @@ class DmaReader(_DmaEngine):
 
     def elaborate(self, platform):
         m = Module()
-        g = self._geo
-        m.submodules.ar = ar = BurstAddressGenerator(self.config, self.elem_bytes)
-        axi, sram = self.axi, self.sram
+        _ReaderLogic(self, m).build()
+        return m
 
-        ins = Signal(mem_layout(self.config))
+
+class _ReaderLogic(EngineLogic):
+    """One elaboration of a :class:`DmaReader`: SETUP sizes the block's three bands (top
+    pad rows, data rows with their side pads, bottom pad rows), TOP, MID and BOT write the
+    pads, DATA the entries read from DRAM."""
+
+    def __init__(self, eng: DmaReader, m: Module) -> None:
+        super().__init__(eng, m, "ar")
         # Addresses in the buffer: past depth only after the bounds check has failed.
-        addr_w = self.addr_bits + 1
-        size_w = DMA_SIZE_BITS + 1                     # a size plus its two pads
+        self.addr_w = eng.addr_bits + 1
+        self.size_w = DMA_SIZE_BITS + 1                     # a size plus its two pads
 
-        # ---- setup: block shape, checks, and the start of every phase
+    def build(self) -> None:
+        """The block shape, the phases' registers, the address channel and the FSM."""
+        m = self.m
+        self._add_block_shape()
+        self._add_pad_registers()
+        self._add_data_registers()
+        self.drive_address_channel()
+        with m.FSM():
+            with m.State("IDLE"):
+                self.idle()
+            with m.State("SETUP"):
+                self._setup()
+            with m.State("TOP"):
+                self._write_top_pads()
+            with m.State("MID"):
+                self._write_side_pads()
+            with m.State("BOT"):
+                self._write_bottom_pads()
+            with m.State("DATA"):
+                self._write_data()
+
+    def _add_block_shape(self) -> None:
+        """The block's columns, the size and start of each band, the buffer bounds check,
+        and the pad entry."""
+        m, ins, eng, size_w = self.m, self.ins, self.eng, self.size_w
         cols = Signal(size_w)
         top_n = Signal(size_w + PAD_BITS)
         bot_n = Signal(size_w + PAD_BITS)
         mid_start, bot_start = Signal(2 * size_w + 1), Signal(2 * size_w + 1)
         side = Signal(PAD_BITS + 1)
-        dram_stmts, dram_err = g.dram_error(ins)
-        m.d.comb += dram_stmts
         # The pad entry: pad_value sign-extended (or wrapped) to a lane, in every lane. The
         # pad phases write it; DATA drives sram.data itself.
-        pad_lane = Signal(signed(self.lane_bits))
+        pad_lane = Signal(signed(eng.lane_bits))
         m.d.comb += [pad_lane.eq(ins.pad_value),
-                     sram.data.eq(pad_lane.replicate(self.entry_bits // self.lane_bits))]
+                     eng.sram.data.eq(pad_lane.replicate(eng.entry_bits // eng.lane_bits))]
         m.d.comb += [
             cols.eq(ins.x_pad_0 + ins.x_size + ins.x_pad_1),
             top_n.eq(_times_pad(ins.y_pad_0, cols)),
@@ -270,315 +354,150 @@ class DmaReader(_DmaEngine):
             bot_n.eq(_times_pad(ins.y_pad_1, cols)),
             side.eq(ins.x_pad_0 + ins.x_pad_1),
         ]
+        self.cols, self.top_n, self.bot_n, self.side = cols, top_n, bot_n, side
+        self.mid_start, self.bot_start = mid_start, bot_start
         # rows * cols without another multiplier: the three bands of the block.
-        sram_err = (bot_start + bot_n) > self.depth
-        has_mid_now = (ins.y_size != 0) & (side != 0)
+        self.sram_err = (bot_start + bot_n) > eng.depth
+        self.has_mid_now = (ins.y_size != 0) & (side != 0)
 
-        cols_r = Signal(size_w)
+    def _add_pad_registers(self) -> None:
+        """The pad phases' cursors: TOP and BOT are runs of whole rows, MID the side pads
+        of each data row; and which phases follow TOP."""
+        addr_w = self.addr_w
+        self.cols_r = Signal(self.size_w)
         has_mid, has_bot, has_data = Signal(), Signal(), Signal()
-        # Pad phases: TOP and BOT are runs of whole rows, MID the side pads of each data row.
         pad_addr, pad_cnt = Signal(addr_w), Signal(addr_w)
         bot_addr, bot_cnt = Signal(addr_w), Signal(addr_w)
         mid_base, mid_rows = Signal(addr_w), Signal(DMA_SIZE_BITS)
-        mid_j = Signal(PAD_BITS + 1)
-        # The data phase's write side.
-        r_addr = Signal(addr_w)
+        self.mid_j = Signal(PAD_BITS + 1)
+        self.has_mid, self.has_bot, self.has_data = has_mid, has_bot, has_data
+        self.pad_addr, self.pad_cnt = pad_addr, pad_cnt
+        self.bot_addr, self.bot_cnt = bot_addr, bot_cnt
+        self.mid_base, self.mid_rows = mid_base, mid_rows
+
+    def _add_data_registers(self) -> None:
+        """The data phase's write side: the entry's address, the row and column left, the
+        lane of the beat it is in, and the earlier beats of a wide entry."""
+        g = self.g
+        self.r_addr = Signal(self.addr_w)
         r_x, r_rows = Signal(DMA_SIZE_BITS), Signal(DMA_SIZE_BITS)
         r_row_lane, r_lane = Signal(g.log2_lanes), Signal(g.log2_lanes)
         k = g.beats_per_entry
-        r_beat = Signal(range(k))
-        r_buf = Signal(8 * g.bus * (k - 1))
+        self.r_beat = Signal(range(k))
+        self.r_buf = Signal(8 * g.bus * (k - 1))
+        self.r_x, self.r_rows = r_x, r_rows
+        self.r_row_lane, self.r_lane = r_row_lane, r_lane
 
-        m.d.comb += [
-            ar.base.eq(ins.dram_base), ar.stride.eq(ins.x_stride),
-            ar.x_size.eq(ins.x_size), ar.y_size.eq(ins.y_size),
-            axi.arvalid.eq(ar.valid), ar.ready.eq(axi.arready),
-            axi.araddr.eq(ar.addr), axi.arlen.eq(ar.len),
-            axi.arsize.eq(g.log2_bus), axi.arburst.eq(AXI_BURST_INCR), axi.arid.eq(self.axi_id),
+    def _goto(self, options: list) -> None:
+        """Enter the first phase whose condition holds, or end the instruction."""
+        m = self.m
+        for i, (cond, state) in enumerate(options):
+            with (m.If if i == 0 else m.Elif)(cond):
+                m.next = state
+        with m.Else():
+            self.finish()
+
+    def _setup(self) -> None:
+        """The SETUP state: load every phase's registers, then start the first phase
+        with work, unless the instruction fails its checks."""
+        m, g, ins = self.m, self.g, self.ins
+        m.d.comb += self.gen.init.eq(1)
+        m.d.sync += [
+            self.cols_r.eq(self.cols),
+            self.has_mid.eq(self.has_mid_now), self.has_bot.eq(self.bot_n != 0),
+            self.has_data.eq(ins.y_size != 0),
+            self.pad_addr.eq(ins.sram_base), self.pad_cnt.eq(self.top_n),
+            self.bot_addr.eq(self.bot_start), self.bot_cnt.eq(self.bot_n),
+            self.mid_base.eq(self.mid_start), self.mid_rows.eq(ins.y_size), self.mid_j.eq(0),
+            self.r_addr.eq(self.mid_start + ins.x_pad_0), self.r_x.eq(ins.x_size),
+            self.r_rows.eq(ins.y_size),
+            self.r_row_lane.eq(g.lane(ins.dram_base)), self.r_lane.eq(g.lane(ins.dram_base)),
+            self.r_beat.eq(0),
         ]
+        self.reject(self.sram_err)
+        with m.Else():
+            self._goto([(self.top_n != 0, "TOP"), (self.has_mid_now, "MID"),
+                        (self.bot_n != 0, "BOT"), (ins.y_size != 0, "DATA")])
 
-        def finish():
-            m.d.sync += self.busy.eq(0)
-            m.next = "IDLE"
+    def _write_top_pads(self) -> None:
+        """The TOP state: one pad entry per cycle."""
+        m, sram, pad_addr, pad_cnt = self.m, self.eng.sram, self.pad_addr, self.pad_cnt
+        m.d.comb += [sram.en.eq(1), sram.addr.eq(pad_addr)]
+        m.d.sync += [pad_addr.eq(pad_addr + 1), pad_cnt.eq(pad_cnt - 1)]
+        with m.If(pad_cnt == 1):
+            self._goto([(self.has_mid, "MID"), (self.has_bot, "BOT"), (self.has_data, "DATA")])
 
-        def goto(options):
-            """Enter the first phase whose condition holds, or end the instruction."""
-            for i, (cond, state) in enumerate(options):
-                with (m.If if i == 0 else m.Elif)(cond):
-                    m.next = state
+    def _write_side_pads(self) -> None:
+        """The MID state: the left then right pads of each data row, one per cycle."""
+        m, ins, sram = self.m, self.ins, self.eng.sram
+        mid_j, mid_base, mid_rows = self.mid_j, self.mid_base, self.mid_rows
+        skip = Mux(mid_j >= ins.x_pad_0, ins.x_size, 0)
+        m.d.comb += [sram.en.eq(1), sram.addr.eq(mid_base + mid_j + skip)]
+        with m.If(mid_j == self.side - 1):
+            m.d.sync += [mid_j.eq(0), mid_base.eq(mid_base + self.cols_r),
+                         mid_rows.eq(mid_rows - 1)]
+            with m.If(mid_rows == 1):
+                self._goto([(self.has_bot, "BOT"), (self.has_data, "DATA")])
+        with m.Else():
+            m.d.sync += mid_j.eq(mid_j + 1)
+
+    def _write_bottom_pads(self) -> None:
+        """The BOT state: one pad entry per cycle."""
+        m, sram, bot_addr, bot_cnt = self.m, self.eng.sram, self.bot_addr, self.bot_cnt
+        m.d.comb += [sram.en.eq(1), sram.addr.eq(bot_addr)]
+        m.d.sync += [bot_addr.eq(bot_addr + 1), bot_cnt.eq(bot_cnt - 1)]
+        with m.If(bot_cnt == 1):
+            self._goto([(self.has_data, "DATA")])
+
+    def _write_data(self) -> None:
+        """The DATA state: request the bursts, write each entry as its last beat arrives,
+        and step along the rows (skipping their side pads)."""
+        m, ins, axi, sram = self.m, self.ins, self.eng.axi, self.eng.sram
+        r_x, r_rows, r_addr = self.r_x, self.r_rows, self.r_addr
+        m.d.comb += self.gen.run.eq(1)
+        entry_done = Signal()
+        self._assemble_entry(entry_done)
+        m.d.comb += [sram.en.eq(entry_done), sram.addr.eq(r_addr)]
+        with m.If(axi.rvalid & axi.rready & (axi.rresp != AXI_RESP_OKAY)):
+            m.d.sync += self.eng.error.eq(ErrorCode.AXI_RESPONSE)
+        with m.If(entry_done):
+            with m.If(r_x == 1):
+                next_lane = Signal(self.g.log2_lanes)
+                m.d.comb += next_lane.eq(self.r_row_lane + ins.x_stride)
+                m.d.sync += [
+                    r_x.eq(ins.x_size), r_rows.eq(r_rows - 1),
+                    r_addr.eq(r_addr + 1 + self.side),
+                    self.r_row_lane.eq(next_lane), self.r_lane.eq(next_lane),
+                ]
+                with m.If(r_rows == 1):
+                    self.finish()
             with m.Else():
-                finish()
+                m.d.sync += [r_x.eq(r_x - 1), r_addr.eq(r_addr + 1)]
 
-        with m.FSM():
-            with m.State("IDLE"):
-                with m.If(self.start):
-                    m.d.sync += [ins.eq(self.insn), self.busy.eq(1), self.error.eq(0)]
-                    m.next = "SETUP"
-
-            with m.State("SETUP"):
-                m.d.comb += ar.init.eq(1)
-                m.d.sync += [
-                    cols_r.eq(cols),
-                    has_mid.eq(has_mid_now), has_bot.eq(bot_n != 0), has_data.eq(ins.y_size != 0),
-                    pad_addr.eq(ins.sram_base), pad_cnt.eq(top_n),
-                    bot_addr.eq(bot_start), bot_cnt.eq(bot_n),
-                    mid_base.eq(mid_start), mid_rows.eq(ins.y_size), mid_j.eq(0),
-                    r_addr.eq(mid_start + ins.x_pad_0), r_x.eq(ins.x_size), r_rows.eq(ins.y_size),
-                    r_row_lane.eq(g.lane(ins.dram_base)), r_lane.eq(g.lane(ins.dram_base)),
-                    r_beat.eq(0),
-                ]
-                with m.If(ins.x_size == 0):
-                    finish()
-                with m.Elif(sram_err):
-                    m.d.sync += self.error.eq(ErrorCode.SRAM_BOUNDS)
-                    finish()
-                with m.Elif(dram_err):
-                    m.d.sync += self.error.eq(ErrorCode.DRAM_ADDRESS)
-                    finish()
-                with m.Else():
-                    goto([(top_n != 0, "TOP"), (has_mid_now, "MID"), (bot_n != 0, "BOT"),
-                          (ins.y_size != 0, "DATA")])
-
-            with m.State("TOP"):
-                m.d.comb += [sram.en.eq(1), sram.addr.eq(pad_addr)]
-                m.d.sync += [pad_addr.eq(pad_addr + 1), pad_cnt.eq(pad_cnt - 1)]
-                with m.If(pad_cnt == 1):
-                    goto([(has_mid, "MID"), (has_bot, "BOT"), (has_data, "DATA")])
-
-            with m.State("MID"):
-                skip = Mux(mid_j >= ins.x_pad_0, ins.x_size, 0)
-                m.d.comb += [sram.en.eq(1), sram.addr.eq(mid_base + mid_j + skip)]
-                with m.If(mid_j == side - 1):
-                    m.d.sync += [mid_j.eq(0), mid_base.eq(mid_base + cols_r),
-                                 mid_rows.eq(mid_rows - 1)]
-                    with m.If(mid_rows == 1):
-                        goto([(has_bot, "BOT"), (has_data, "DATA")])
-                with m.Else():
-                    m.d.sync += mid_j.eq(mid_j + 1)
-
-            with m.State("BOT"):
-                m.d.comb += [sram.en.eq(1), sram.addr.eq(bot_addr)]
-                m.d.sync += [bot_addr.eq(bot_addr + 1), bot_cnt.eq(bot_cnt - 1)]
-                with m.If(bot_cnt == 1):
-                    goto([(has_data, "DATA")])
-
-            with m.State("DATA"):
-                m.d.comb += ar.run.eq(1)
-                entry_done = Signal()
-                if g.lanes > 1:
-                    # A beat is released only with its last entry (or the row's last one), so
-                    # rready comes from registers alone, as the DRAM model requires.
-                    m.d.comb += [
-                        axi.rready.eq((r_lane == g.lanes - 1) | (r_x == 1)),
-                        entry_done.eq(axi.rvalid),
-                        sram.data.eq(axi.rdata.word_select(r_lane, self.entry_bits)),
-                    ]
-                    with m.If(entry_done):
-                        m.d.sync += r_lane.eq(r_lane + 1)
-                elif k == 1:
-                    m.d.comb += [axi.rready.eq(1), entry_done.eq(axi.rvalid),
-                                 sram.data.eq(axi.rdata)]
+    def _assemble_entry(self, entry_done: Signal) -> None:
+        """Drive ``sram.data`` and ``entry_done`` (an entry is complete on the R channel)
+        from the beats: one of several lanes, a whole beat, or the last of several beats."""
+        m, g, axi, sram = self.m, self.g, self.eng.axi, self.eng.sram
+        r_lane, r_beat, r_buf, k = self.r_lane, self.r_beat, self.r_buf, g.beats_per_entry
+        if g.lanes > 1:
+            # A beat is released only with its last entry (or the row's last one), so
+            # rready comes from registers alone, as the DRAM model requires.
+            m.d.comb += [
+                axi.rready.eq((r_lane == g.lanes - 1) | (self.r_x == 1)),
+                entry_done.eq(axi.rvalid),
+                sram.data.eq(axi.rdata.word_select(r_lane, self.eng.entry_bits)),
+            ]
+            with m.If(entry_done):
+                m.d.sync += r_lane.eq(r_lane + 1)
+        elif k == 1:
+            m.d.comb += [axi.rready.eq(1), entry_done.eq(axi.rvalid), sram.data.eq(axi.rdata)]
+        else:
+            # Earlier beats wait in a shift register; the last one joins them live.
+            m.d.comb += [axi.rready.eq(1), entry_done.eq(axi.rvalid & (r_beat == k - 1)),
+                         sram.data.eq(Cat(r_buf, axi.rdata))]
+            with m.If(axi.rvalid):
+                m.d.sync += r_beat.eq(Mux(r_beat == k - 1, 0, r_beat + 1))
+                if k == 2:
+                    m.d.sync += r_buf.eq(axi.rdata)
                 else:
-                    # Earlier beats wait in a shift register; the last one joins them live.
-                    m.d.comb += [axi.rready.eq(1), entry_done.eq(axi.rvalid & (r_beat == k - 1)),
-                                 sram.data.eq(Cat(r_buf, axi.rdata))]
-                    with m.If(axi.rvalid):
-                        m.d.sync += r_beat.eq(Mux(r_beat == k - 1, 0, r_beat + 1))
-                        if k == 2:
-                            m.d.sync += r_buf.eq(axi.rdata)
-                        else:
-                            m.d.sync += r_buf.eq(Cat(r_buf[8 * g.bus:], axi.rdata))
-                m.d.comb += [sram.en.eq(entry_done), sram.addr.eq(r_addr)]
-                with m.If(axi.rvalid & axi.rready & (axi.rresp != AXI_RESP_OKAY)):
-                    m.d.sync += self.error.eq(ErrorCode.AXI_RESPONSE)
-                with m.If(entry_done):
-                    with m.If(r_x == 1):
-                        next_lane = Signal(g.log2_lanes)
-                        m.d.comb += next_lane.eq(r_row_lane + ins.x_stride)
-                        m.d.sync += [
-                            r_x.eq(ins.x_size), r_rows.eq(r_rows - 1),
-                            r_addr.eq(r_addr + 1 + side),
-                            r_row_lane.eq(next_lane), r_lane.eq(next_lane),
-                        ]
-                        with m.If(r_rows == 1):
-                            finish()
-                    with m.Else():
-                        m.d.sync += [r_x.eq(r_x - 1), r_addr.eq(r_addr + 1)]
-        return m
-
-
-class DmaWriter(_DmaEngine):
-    """STORE engine: 2-D strided DMA from the output buffer to DRAM.
-
-    Entries ``sram_base .. sram_base + y_size * x_size - 1`` are written
-    row-major, row ``y`` to DRAM element ``dram_base + y * x_stride``;
-    ``axi_id`` tags the writes. ``start``/``insn``/``busy``/``error`` behave
-    as for :class:`DmaReader`.
-
-    Timeline (S = the start cycle): S+1 checks the instruction and issues
-    the first SRAM read; from S+2 one W beat per cycle (narrow entries are
-    packed into a beat with ``wstrb``; a beat leaves with its last entry or
-    at the row's end), each burst's AW no later than its first W beat; the
-    instruction ends the cycle after the last write response. Uncontended
-    that is ``DMA_SETUP_CYCLES + data_cycles + dram_latency`` cycles. When
-    ``wready`` is low the beat is held and the SRAM read pipeline stalls.
-    """
-
-    def __init__(self, config: HwConfig, axi_id: int) -> None:
-        super().__init__(config, MemType.OUT, axi_id, read=False)
-
-    def elaborate(self, platform):
-        m = Module()
-        g = self._geo
-        m.submodules.aw = aw = BurstAddressGenerator(self.config, self.elem_bytes)
-        axi, sram = self.axi, self.sram
-        beat_bits = 8 * g.bus
-
-        ins = Signal(mem_layout(self.config))
-        addr_w = self.addr_bits + 1
-
-        total = Signal(2 * DMA_SIZE_BITS)
-        dram_stmts, dram_err = g.dram_error(ins)
-        m.d.comb += dram_stmts
-        m.d.comb += total.eq(ins.y_size * ins.x_size)
-        sram_err = (ins.sram_base + total) > self.depth
-
-        rd_addr, rd_left = Signal(addr_w), Signal(addr_w)   # SRAM reads still to issue
-        w_active = Signal()
-        w_x, w_rows = Signal(DMA_SIZE_BITS), Signal(DMA_SIZE_BITS)
-        w_elem = Signal(_ELEM_BITS)
-        w_beat_addr = Signal(_ELEM_BITS + g.log2_eb)
-        w_bcnt = Signal(range(max(2, g.max_burst)))        # beats sent in the current burst
-        w_lane, w_first = Signal(g.log2_lanes), Signal(g.log2_lanes)
-        w_acc = Signal(beat_bits)                           # entries waiting for their beat
-        k = g.beats_per_entry
-        w_beat = Signal(range(k))
-        w_sh = Signal(beat_bits * (k - 1))                  # the rest of a wide entry
-        pending = Signal(DRAM_ADDR_BITS)                    # bursts without a response yet
-
-        m.d.comb += [
-            aw.base.eq(ins.dram_base), aw.stride.eq(ins.x_stride),
-            aw.x_size.eq(ins.x_size), aw.y_size.eq(ins.y_size),
-            axi.awvalid.eq(aw.valid), aw.ready.eq(axi.awready),
-            axi.awaddr.eq(aw.addr), axi.awlen.eq(aw.len),
-            axi.awsize.eq(g.log2_bus), axi.awburst.eq(AXI_BURST_INCR), axi.awid.eq(self.axi_id),
-            axi.bready.eq(1),
-        ]
-
-        def finish():
-            m.d.sync += self.busy.eq(0)
-            m.next = "IDLE"
-
-        with m.FSM():
-            with m.State("IDLE"):
-                with m.If(self.start):
-                    m.d.sync += [ins.eq(self.insn), self.busy.eq(1), self.error.eq(0)]
-                    m.next = "SETUP"
-
-            with m.State("SETUP"):
-                ok = (ins.x_size != 0) & (ins.y_size != 0) & ~sram_err & ~dram_err
-                m.d.comb += [aw.init.eq(1), sram.en.eq(ok), sram.addr.eq(ins.sram_base)]
-                m.d.sync += [
-                    rd_addr.eq(ins.sram_base + 1), rd_left.eq(total - 1), w_active.eq(1),
-                    w_x.eq(ins.x_size), w_rows.eq(ins.y_size), w_elem.eq(ins.dram_base),
-                    w_beat_addr.eq(g.beat_addr(ins.dram_base)), w_bcnt.eq(0),
-                    w_lane.eq(g.lane(ins.dram_base)), w_first.eq(g.lane(ins.dram_base)),
-                    w_beat.eq(0), pending.eq(0),
-                ]
-                with m.If(ins.x_size == 0):
-                    finish()
-                with m.Elif(sram_err):
-                    m.d.sync += self.error.eq(ErrorCode.SRAM_BOUNDS)
-                    finish()
-                with m.Elif(dram_err):
-                    m.d.sync += self.error.eq(ErrorCode.DRAM_ADDRESS)
-                    finish()
-                with m.Elif(ins.y_size == 0):
-                    finish()
-                with m.Else():
-                    m.next = "DATA"
-
-            with m.State("DATA"):
-                m.d.comb += aw.run.eq(1)
-                entry_last_beat = (w_beat == k - 1) if k > 1 else Const(1)
-                row_last_beat = (w_x == 1) & entry_last_beat
-                entry_done = Signal()           # the entry on sram.data has been used up
-                beat = Signal()                 # a W handshake this cycle
-                m.d.comb += [
-                    axi.wlast.eq(row_last_beat | g.at_boundary_end(w_beat_addr)
-                                 | (w_bcnt == g.max_burst - 1)),
-                    beat.eq(axi.wvalid & axi.wready),
-                ]
-                if g.lanes > 1:
-                    # wvalid comes from registers (the beat's last entry is on sram.data,
-                    # which the read pipeline guarantees whenever w_active).
-                    lane_bits = self.entry_bits
-                    m.d.comb += [
-                        axi.wvalid.eq(w_active & ((w_lane == g.lanes - 1) | (w_x == 1))),
-                        entry_done.eq(w_active & (~axi.wvalid | axi.wready)),
-                        axi.wdata.eq(Cat(*(Mux(w_lane == lane, sram.data,
-                                               w_acc[lane * lane_bits:(lane + 1) * lane_bits])
-                                           for lane in range(g.lanes)))),
-                        axi.wstrb.eq(Cat(*(((w_first <= lane) & (w_lane >= lane)).replicate(g.eb)
-                                           for lane in range(g.lanes)))),
-                    ]
-                    with m.If(entry_done):
-                        m.d.sync += w_lane.eq(w_lane + 1)
-                        for lane in range(g.lanes):
-                            with m.If(w_lane == lane):
-                                m.d.sync += w_acc[lane * lane_bits:(lane + 1) * lane_bits] \
-                                    .eq(sram.data)
-                        with m.If(beat):
-                            m.d.sync += w_first.eq(w_lane + 1)
-                else:
-                    m.d.comb += [
-                        axi.wvalid.eq(w_active),
-                        entry_done.eq(beat & entry_last_beat),
-                        axi.wstrb.eq((1 << g.bus) - 1),
-                    ]
-                    if k == 1:
-                        m.d.comb += axi.wdata.eq(sram.data)
-                    else:
-                        # The SRAM may start the next read while the entry's later beats
-                        # are still going out, so those wait in a shift register.
-                        m.d.comb += axi.wdata.eq(Mux(w_beat == 0, sram.data[:beat_bits],
-                                                     w_sh[:beat_bits]))
-                        with m.If(beat):
-                            m.d.sync += w_beat.eq(Mux(entry_last_beat, 0, w_beat + 1))
-                            with m.If(w_beat == 0):
-                                m.d.sync += w_sh.eq(sram.data[beat_bits:])
-                            with m.Else():
-                                m.d.sync += w_sh.eq(w_sh >> beat_bits)
-
-                m.d.comb += [sram.en.eq(entry_done & (rd_left != 0)), sram.addr.eq(rd_addr)]
-                with m.If(sram.en):
-                    m.d.sync += [rd_addr.eq(rd_addr + 1), rd_left.eq(rd_left - 1)]
-
-                with m.If(beat):
-                    m.d.sync += [w_beat_addr.eq(w_beat_addr + g.bus),
-                                 w_bcnt.eq(Mux(axi.wlast, 0, w_bcnt + 1))]
-                with m.If(entry_done):
-                    with m.If(w_x == 1):
-                        next_elem = Signal(_ELEM_BITS)
-                        m.d.comb += next_elem.eq(w_elem + ins.x_stride)
-                        m.d.sync += [
-                            w_x.eq(ins.x_size), w_rows.eq(w_rows - 1), w_elem.eq(next_elem),
-                            w_beat_addr.eq(g.beat_addr(next_elem)),
-                        ]
-                        if g.lanes > 1:
-                            m.d.sync += [w_lane.eq(g.lane(next_elem)),
-                                         w_first.eq(g.lane(next_elem))]
-                        with m.If(w_rows == 1):
-                            m.d.sync += w_active.eq(0)
-                    with m.Else():
-                        m.d.sync += w_x.eq(w_x - 1)
-
-                aw_hs = aw.valid & axi.awready
-                b_hs = axi.bvalid
-                m.d.sync += pending.eq(pending + aw_hs - b_hs)
-                with m.If(b_hs & (axi.bresp != AXI_RESP_OKAY)):
-                    m.d.sync += self.error.eq(ErrorCode.AXI_RESPONSE)
-                # Every AW has gone out before its response can come back.
-                with m.If(b_hs & aw.done & (pending == 1)):
-                    finish()
-        return m
+                    m.d.sync += r_buf.eq(Cat(r_buf[8 * g.bus:], axi.rdata))

@@ -60,38 +60,84 @@ class Fetch(wiring.Component):
 
     def elaborate(self, platform) -> Module:
         m = Module()
-        cfg = self.config
-        bus_bits = cfg.bus_bytes * 8
+        _FetchLogic(self, m).build()
+        return m
+
+
+class _FetchLogic:
+    """One elaboration of :class:`Fetch`: the registers of the current burst, and the
+    steps that request it, receive it and dispatch its instructions."""
+
+    def __init__(self, fetch: Fetch, m: Module) -> None:
+        self.fetch, self.m = fetch, m
+        cfg = self.cfg = fetch.config
+        self.bus_bits = cfg.bus_bytes * 8
         chunk = timing.fetch_chunk_insns(cfg)
         chunk_beats = timing.fetch_chunk_beats(cfg, chunk)
-        axi = self.axi
+        self.next_index = Signal(32)           # first instruction of the current burst
+        self.count = Signal(range(chunk + 1))  # instructions in the current burst
+        self.beat = Signal(range(chunk_beats + 1))
+        self.k = Signal(range(chunk + 1))      # next instruction of the burst to dispatch
+        self.buf = Signal(chunk_beats * self.bus_bits)
+        self.chunk, self.chunk_beats = chunk, chunk_beats
 
-        next_index = Signal(32)           # first instruction of the current burst
-        count = Signal(range(chunk + 1))  # instructions in the current burst
-        beat = Signal(range(chunk_beats + 1))
-        k = Signal(range(chunk + 1))      # next instruction of the burst to dispatch
-        buf = Signal(chunk_beats * bus_bits)
+    def build(self) -> None:
+        """The read address, the routing of the instruction at ``k``, and the FSM."""
+        m = self.m
+        self._drive_read_address()
+        self._route()
+        # A start resets this module (the top level's ResetInserter), which puts it
+        # in REQUEST with next_index 0: the first burst is requested in the run's cycle 0.
+        # IDLE (every instruction dispatched, or an error) has no way out but that reset.
+        with m.FSM(init="REQUEST"):
+            with m.State("IDLE"):
+                pass
+            with m.State("REQUEST"):
+                self._request()
+            with m.State("RECEIVE"):
+                self._receive()
+            with m.State("DISPATCH"):
+                self._dispatch()
 
+    def _drive_read_address(self) -> None:
+        """The next burst on the AR channel: up to a chunk of the instructions left."""
+        m, cfg, chunk, axi = self.m, self.cfg, self.chunk, self.fetch.axi
         remaining = Signal(32)
-        m.d.comb += remaining.eq(self.insn_count - next_index)
-        n_now = Signal(range(chunk + 1))
+        m.d.comb += remaining.eq(self.fetch.insn_count - self.next_index)
+        self.n_now = n_now = Signal(range(chunk + 1))
         m.d.comb += n_now.eq(Mux(remaining < chunk, remaining, chunk))
-        beats_now = Signal(range(chunk_beats + 1))
+        beats_now = Signal(range(self.chunk_beats + 1))
         m.d.comb += beats_now.eq((n_now * INSN_BYTES + cfg.bus_bytes - 1) // cfg.bus_bytes)
 
         m.d.comb += [axi.arid.eq(axi_id("fetch")), axi.arsize.eq(exact_log2(cfg.bus_bytes)),
                      axi.arburst.eq(AXI_BURST_INCR),
-                     axi.araddr.eq(self.insn_addr + next_index * INSN_BYTES),
+                     axi.araddr.eq(self.fetch.insn_addr + self.next_index * INSN_BYTES),
                      axi.arlen.eq(beats_now - 1)]
 
-        # ---- routing of the instruction being dispatched
+    def _route(self) -> None:
+        """The instruction at ``k``: the queue it goes to (``target``), or the error it
+        raises (``bad``); its global ``index``; and whether its queue is ``ready``."""
+        m, fetch = self.m, self.fetch
         word = Signal(INSN_BITS)
-        m.d.comb += word.eq(buf.word_select(k, INSN_BITS))
+        m.d.comb += word.eq(self.buf.word_select(self.k, INSN_BITS))
+        self.target = {t: Signal(name=f"to_{t}") for t in TARGETS}
+        self.bad = Signal(ERROR_CODE_BITS)
+        self._decode_target(word)
+        self.index = index = Signal(32)
+        m.d.comb += index.eq(self.next_index + self.k)
+        self.ready = ready = Signal()
+        m.d.comb += ready.eq(sum(self.target[t] & getattr(fetch, f"cmd_{t}_rdy")
+                                 for t in TARGETS) != 0)
+        for t in TARGETS:
+            m.d.comb += getattr(fetch, f"cmd_{t}_data").eq(word | (index << INSN_BITS))
+
+    def _decode_target(self, word: Signal) -> None:
+        """Set ``target`` from the opcode (and a LOAD's or STORE's memory type), or ``bad``
+        for a reserved opcode or a memory type the instruction cannot use."""
+        m, target, bad = self.m, self.target, self.bad
         opcode = word[:OPCODE_BITS]
-        mem_field = get_isa(cfg).layouts[Opcode.LOAD].field("mem")
+        mem_field = get_isa(self.cfg).layouts[Opcode.LOAD].field("mem")
         mem = word[mem_field.offset:mem_field.offset + MEM_BITS]
-        target = {t: Signal(name=f"to_{t}") for t in TARGETS}
-        bad = Signal(ERROR_CODE_BITS)
         with m.Switch(opcode):
             with m.Case(Opcode.LOAD):
                 with m.Switch(mem):
@@ -109,57 +155,54 @@ class Fetch(wiring.Component):
                 m.d.comb += target["compute"].eq(1)
             with m.Default():
                 m.d.comb += bad.eq(ErrorCode.OPCODE)
-        index = Signal(32)
-        m.d.comb += index.eq(next_index + k)
-        ready = Signal()
-        m.d.comb += ready.eq(sum(target[t] & getattr(self, f"cmd_{t}_rdy") for t in TARGETS) != 0)
-        for t in TARGETS:
-            m.d.comb += getattr(self, f"cmd_{t}_data").eq(word | (index << INSN_BITS))
 
-        # A start resets this module (the top level's ResetInserter), which puts it
-        # in REQUEST with next_index 0: the first burst is requested in the run's cycle 0.
-        # IDLE (every instruction dispatched, or an error) has no way out but that reset.
-        with m.FSM(init="REQUEST"):
-            with m.State("IDLE"):
-                pass
-            with m.State("REQUEST"):
-                with m.If(self.run):
-                    with m.If(self.halt | (next_index >= self.insn_count)):
-                        m.next = "IDLE"
-                    with m.Elif(self.insn_addr[:exact_log2(AXI_BOUNDARY_BYTES)] != 0):
-                        m.d.comb += [self.error_code.eq(ErrorCode.DRAM_ADDRESS),
-                                     self.error_index.eq(next_index)]
-                        m.next = "IDLE"
-                    with m.Else():
-                        m.d.comb += axi.arvalid.eq(1)
-                        with m.If(axi.arready):
-                            m.d.sync += [count.eq(n_now), beat.eq(0), k.eq(0)]
-                            m.next = "RECEIVE"
-            with m.State("RECEIVE"):
-                m.d.comb += [self.busy.eq(1), axi.rready.eq(1)]
-                with m.If(axi.rvalid):
-                    m.d.sync += [buf.word_select(beat, bus_bits).eq(axi.rdata),
-                                 beat.eq(beat + 1)]
-                    with m.If(axi.rresp != 0):
-                        m.d.comb += [self.error_code.eq(ErrorCode.AXI_RESPONSE),
-                                     self.error_index.eq(next_index)]
-                    with m.If(axi.rlast):
-                        m.next = "DISPATCH"
-            with m.State("DISPATCH"):
-                m.d.comb += self.busy.eq(1)
-                with m.If(self.halt):
-                    m.next = "IDLE"
-                with m.Elif(bad != 0):
-                    m.d.comb += [self.error_code.eq(bad), self.error_index.eq(index)]
-                    m.next = "IDLE"
-                with m.Elif(ready):
-                    for t in TARGETS:
-                        m.d.comb += getattr(self, f"cmd_{t}_en").eq(target[t])
-                    m.d.sync += k.eq(k + 1)
-                    with m.If(k + 1 == count):
-                        m.d.sync += next_index.eq(next_index + count)
-                        m.next = "REQUEST"
-        return m
+    def _request(self) -> None:
+        """The REQUEST state: request the next burst, or stop (halted, every instruction
+        fetched, or a stream not on a 4 KiB boundary)."""
+        m, fetch, axi, next_index = self.m, self.fetch, self.fetch.axi, self.next_index
+        with m.If(fetch.run):
+            with m.If(fetch.halt | (next_index >= fetch.insn_count)):
+                m.next = "IDLE"
+            with m.Elif(fetch.insn_addr[:exact_log2(AXI_BOUNDARY_BYTES)] != 0):
+                m.d.comb += [fetch.error_code.eq(ErrorCode.DRAM_ADDRESS),
+                             fetch.error_index.eq(next_index)]
+                m.next = "IDLE"
+            with m.Else():
+                m.d.comb += axi.arvalid.eq(1)
+                with m.If(axi.arready):
+                    m.d.sync += [self.count.eq(self.n_now), self.beat.eq(0), self.k.eq(0)]
+                    m.next = "RECEIVE"
+
+    def _receive(self) -> None:
+        """The RECEIVE state: store the burst's beats in ``buf``."""
+        m, fetch, axi, beat = self.m, self.fetch, self.fetch.axi, self.beat
+        m.d.comb += [fetch.busy.eq(1), axi.rready.eq(1)]
+        with m.If(axi.rvalid):
+            m.d.sync += [self.buf.word_select(beat, self.bus_bits).eq(axi.rdata),
+                         beat.eq(beat + 1)]
+            with m.If(axi.rresp != 0):
+                m.d.comb += [fetch.error_code.eq(ErrorCode.AXI_RESPONSE),
+                             fetch.error_index.eq(self.next_index)]
+            with m.If(axi.rlast):
+                m.next = "DISPATCH"
+
+    def _dispatch(self) -> None:
+        """The DISPATCH state: one instruction per cycle into its queue while that has
+        room; after the burst's last, request the next."""
+        m, fetch, k, count = self.m, self.fetch, self.k, self.count
+        m.d.comb += fetch.busy.eq(1)
+        with m.If(fetch.halt):
+            m.next = "IDLE"
+        with m.Elif(self.bad != 0):
+            m.d.comb += [fetch.error_code.eq(self.bad), fetch.error_index.eq(self.index)]
+            m.next = "IDLE"
+        with m.Elif(self.ready):
+            for t in TARGETS:
+                m.d.comb += getattr(fetch, f"cmd_{t}_en").eq(self.target[t])
+            m.d.sync += k.eq(k + 1)
+            with m.If(k + 1 == count):
+                m.d.sync += self.next_index.eq(self.next_index + count)
+                m.next = "REQUEST"
 
 
 def exact_log2(n: int) -> int:

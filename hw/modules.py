@@ -18,7 +18,8 @@ from tessera.regmap import axi_id
 from tessera.timing import COMPUTE_UNITS, compute_unit, units_awaited, units_taken
 
 from tessera.regmap import ERROR_CODE_BITS
-from .dma import DmaReader, DmaWriter
+from .dma import DmaReader
+from .dma_writer import DmaWriter
 from .layouts import alu_layout, gemm_layout, mem_layout
 from .ports import axi_read_members, axi_signature, sram_read_signature, sram_write_signature
 from .sequencer import INDEX_BITS, Sequencer
@@ -200,7 +201,6 @@ class ComputeModule(wiring.Component):
 
     def elaborate(self, platform) -> Module:
         m = Module()
-        c = self.config
         m.submodules.seq = seq = self.seq
         pipes = [self.pipelines[unit] for unit in COMPUTE_UNITS]
         for unit, pipe in self.pipelines.items():
@@ -208,10 +208,23 @@ class ComputeModule(wiring.Component):
         for mt, eng in self.readers.items():
             m.submodules[f"dma_{mt.label}"] = eng
         opcode = seq.insn[:OPCODE_BITS]
-        mem = _mem_of(c, seq.insn)
-        is_load = opcode == Opcode.LOAD
+        self._assign_units(m, opcode)
+        self._run_loads(m, opcode == Opcode.LOAD)
 
-        # ---- units: which the head instruction waits for and occupies
+        # ---- buffer reads: a uop port per unit; inp/wgt for the GEMM unit
+        gemm = self.pipelines[compute_unit(Gemm())]
+        for port, src in ((self.inp_rd, gemm.inp), (self.wgt_rd, gemm.wgt),
+                          *zip(self.uop_rd, (p.uop for p in pipes))):
+            wiring.connect(m, wiring.flipped(port), src)
+        self._acc_reads(m, [gemm.acc_rd] + [p.acc_rd for p in pipes if p is not gemm])
+        self._acc_writes(m, gemm, pipes)
+        self._report_status(m, pipes)
+        return m
+
+    def _assign_units(self, m: Module, opcode) -> None:
+        """The units the head instruction waits for and occupies; its unit's pipeline
+        starts a GEMM or ALU, and ``finish`` marks a FINISH."""
+        c, seq = self.config, self.seq
         kinds = {Opcode.GEMM: (Gemm, gemm_layout(c)), Opcode.ALU: (Alu, alu_layout(c))}
         others = _masks(Finish())
         assert _masks(Load(mem=MemType.UOP)) == others
@@ -229,7 +242,11 @@ class ComputeModule(wiring.Component):
             m.d.comb += [pipe.insn.eq(seq.insn), pipe.start.eq(seq.start & (opcode == op))]
         m.d.comb += self.finish.eq(seq.start & (opcode == Opcode.FINISH))
 
-        # ---- LOAD uop/acc/acc8
+    def _run_loads(self, m: Module, is_load) -> None:
+        """LOAD uop/acc/acc8: start the DMA of the memory type, which takes the AXI port;
+        the uop DMA writes the uop buffer."""
+        seq = self.seq
+        mem = _mem_of(self.config, seq.insn)
         sel = Signal(range(max(MemType) + 1))
         with m.If(seq.start & is_load):
             m.d.sync += sel.eq(mem.mem)
@@ -240,15 +257,11 @@ class ComputeModule(wiring.Component):
         m.d.comb += [self.uop_wr.addr.eq(uop_dma.sram.addr), self.uop_wr.data.eq(uop_dma.sram.data),
                      self.uop_wr.en.eq(uop_dma.sram.en)]
 
-        # ---- buffer reads: a uop port per unit; inp/wgt for the GEMM unit
-        gemm = self.pipelines[compute_unit(Gemm())]
-        for port, src in ((self.inp_rd, gemm.inp), (self.wgt_rd, gemm.wgt),
-                          *zip(self.uop_rd, (p.uop for p in pipes))):
-            wiring.connect(m, wiring.flipped(port), src)
-        self._acc_reads(m, [gemm.acc_rd] + [p.acc_rd for p in pipes if p is not gemm])
-
-        # ---- accumulator writes: the acc and acc8 DMAs share the GEMM unit's stream (a
-        # LOAD runs alone); each stream goes to the bank of its row.
+    def _acc_writes(self, m: Module, gemm: TensorPipeline, pipes: list) -> None:
+        """Accumulator writes: the acc and acc8 DMAs share the GEMM unit's stream (a LOAD
+        runs alone); each stream goes to the bank of its row, and to the output buffer
+        saturated."""
+        c = self.config
         lanes = c.batch * c.block_out
         acc8 = self.readers[MemType.ACC8].sram
         acc8_wide = Cat(*(_sign_extend(acc8.data.word_select(j, 8), c.acc_width)
@@ -278,7 +291,9 @@ class ComputeModule(wiring.Component):
                                  out_wr.en.eq(1), out_wr.addr.eq(bank_addr(c, row)),
                                  out_wr.data.eq(saturated[i])]
 
-        # ---- busy, errors
+    def _report_status(self, m: Module, pipes: list) -> None:
+        """Busy per unit and overall, and the first error with its instruction's index."""
+        seq = self.seq
         dma_busy = Cat(*(e.busy for e in self.readers.values())).any()
         m.d.comb += [seq.exec_busy[u].eq(pipe.busy | dma_busy) for u, pipe in enumerate(pipes)]
         m.d.comb += self.busy.eq(Cat(dma_busy, *(p.busy for p in pipes)).any())
@@ -288,7 +303,6 @@ class ComputeModule(wiring.Component):
         _first_error(m, self.error, [p.error for p in pipes] + [e.error for e in dmas],
                      self.error_index,
                      [seq.index[u] for u in range(len(pipes))] + [seq.index[load_lead]] * len(dmas))
-        return m
 
     def _acc_reads(self, m: Module, readers: list) -> None:
         """Each bank's read port serves the first reader (by priority) that reads one of

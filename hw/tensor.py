@@ -105,94 +105,143 @@ class TensorPipeline(wiring.Component):
 
     def elaborate(self, platform) -> Module:
         m = Module()
-        c = self.config
-        is_alu = self.is_alu
-        ops = _alu_ops_with_timing() if is_alu else []
+        p = _PipelineBuilder(self, m)
+        start_err = p.check_instruction()
+        p.add_loop_counters()
+        p.latch_instruction(start_err)
+        p.advance_loop_nest()
+        p.add_index_stage()
+        p.add_delay_line()
+        p.add_acc_ports()
+        return m
+
+
+class _PipelineBuilder:
+    """Builds one :class:`TensorPipeline`'s logic, stage by stage; the signals a step
+    creates for later steps are its attributes. Pairs of signals are unpacked into locals
+    first, the form that gives their Verilog names (Amaranth's tracer names them from it)."""
+
+    def __init__(self, pipe: TensorPipeline, m: Module) -> None:
+        self.pipe, self.m = pipe, m
+        c = self.c = pipe.config
+        is_alu = self.is_alu = pipe.is_alu
+        self.ops = ops = _alu_ops_with_timing() if is_alu else []
         layout = alu_layout(c) if is_alu else gemm_layout(c)
-        f = data.View(layout, self.insn[:layout.size])
-        kinds = ("dst", "src") if is_alu else ("dst", "src", "wgt")
+        f = self.f = data.View(layout, pipe.insn[:layout.size])
+        self.kinds = ("dst", "src") if is_alu else ("dst", "src", "wgt")
+        self.wide = c.acc_index_bits + c.loop_bits + 1
+        self.lat_max = max([GEMM_LATENCY] + [o.timing.write_latency(imm) for o, _ in ops
+                                             for imm in (False, True)])
+        self.ii_max = max([1] + [max(o.timing.ii_imm, o.timing.ii_tensor) for o, _ in ops])
+        self._add_instruction_registers(f)
 
-        # ---------------------------------------------------- the instruction
-        reset = Signal()
-        uop_begin = Signal.like(f.uop_begin)
-        uop_end = Signal.like(f.uop_end)
+    def _add_instruction_registers(self, f: data.View) -> None:
+        """The registers that hold the running instruction (latched at ``start``)."""
+        self.reset = Signal()
+        self.uop_begin = Signal.like(f.uop_begin)
+        self.uop_end = Signal.like(f.uop_end)
         iter_out, iter_in = Signal.like(f.iter_out), Signal.like(f.iter_in)
-        wide = c.acc_index_bits + c.loop_bits + 1
-        factors = {k: (Signal(wide, name=f"{k}_fo"), Signal(wide, name=f"{k}_fi"))
-                   for k in kinds}
-        lat_max = max([GEMM_LATENCY] + [o.timing.write_latency(imm) for o, _ in ops
-                                        for imm in (False, True)])
-        ii_max = max([1] + [max(o.timing.ii_imm, o.timing.ii_tensor) for o, _ in ops])
-        use_imm = Signal()
-        two_reads = Signal()     # a tensor op that reads src, then dst a cycle later
-        ii = Signal(range(ii_max + 1), init=1)
-        wlat = Signal(range(lat_max + 1), init=GEMM_LATENCY)
+        self.iter_out, self.iter_in = iter_out, iter_in
+        self.factors = {k: (Signal(self.wide, name=f"{k}_fo"), Signal(self.wide, name=f"{k}_fi"))
+                        for k in self.kinds}
+        self.use_imm = Signal()
+        self.two_reads = Signal()     # a tensor op that reads src, then dst a cycle later
+        self.ii = Signal(range(self.ii_max + 1), init=1)
+        self.wlat = Signal(range(self.lat_max + 1), init=GEMM_LATENCY)
+        if self.is_alu:
+            self.alu_op = Signal.like(f.alu_op)
+            self.imm = Signal.like(f.imm)
 
-        new_n_zero = (f.uop_end <= f.uop_begin) | (f.iter_out == 0) | (f.iter_in == 0)
+    def check_instruction(self) -> Signal:
+        """The error code of the instruction on ``insn`` (0 if it may start)."""
+        m, f, c = self.m, self.f, self.c
         start_err = Signal(ERROR_CODE_BITS)
         with m.If(f.uop_end > c.uop_depth):
             m.d.comb += start_err.eq(ErrorCode.UOP_BOUNDS)
-        if is_alu:
+        if self.is_alu:
             with m.Elif(~f.reset):
                 m.d.comb += start_err.eq(ErrorCode.ALU_OP)
                 with m.Switch(f.alu_op):
-                    for op, _ in ops:
+                    for op, _ in self.ops:
                         with m.Case(op.opcode):
                             m.d.comb += start_err.eq(0)
+        return start_err
 
-        # ---------------------------------------------------- the loop nest
-        issuing = Signal()
-        phase = Signal(range(ii_max + 1))
-        u = Signal.like(uop_end)
-        i_cnt, o_cnt = Signal.like(iter_in), Signal.like(iter_out)
-        cur = {k: Signal(wide + 1, name=f"{k}_cur") for k in kinds}
-        base = {k: Signal(wide + 1, name=f"{k}_base") for k in kinds}
-        drain = Signal(range(lat_max + 1))
-        killed = Signal()
-        m.d.comb += self.busy.eq(issuing | (drain != 0))
+    def add_loop_counters(self) -> None:
+        """The loop nest's counters and buffer offsets, and the drain count that keeps
+        ``busy`` up until the last write."""
+        m, kinds, wide = self.m, self.kinds, self.wide
+        self.issuing = Signal()
+        self.phase = Signal(range(self.ii_max + 1))
+        self.u = Signal.like(self.uop_end)
+        i_cnt, o_cnt = Signal.like(self.iter_in), Signal.like(self.iter_out)
+        self.i_cnt, self.o_cnt = i_cnt, o_cnt
+        self.cur = {k: Signal(wide + 1, name=f"{k}_cur") for k in kinds}
+        self.base = {k: Signal(wide + 1, name=f"{k}_base") for k in kinds}
+        self.drain = drain = Signal(range(self.lat_max + 1))
+        self.killed = Signal()
+        m.d.comb += self.pipe.busy.eq(self.issuing | (drain != 0))
         with m.If(drain != 0):
             m.d.sync += drain.eq(drain - 1)
 
-        with m.If(self.start):
-            m.d.sync += [reset.eq(f.reset), uop_begin.eq(f.uop_begin),
-                         uop_end.eq(f.uop_end), iter_out.eq(f.iter_out), iter_in.eq(f.iter_in),
-                         u.eq(f.uop_begin), i_cnt.eq(0), o_cnt.eq(0), phase.eq(0), killed.eq(0),
-                         self.error.eq(start_err),
-                         issuing.eq(~new_n_zero & (start_err == 0))]
+    def latch_instruction(self, start_err: Signal) -> None:
+        """At ``start``: latch the instruction, reset the loop nest and issue unless the
+        instruction failed its check or runs no operation."""
+        m, f, kinds, factors = self.m, self.f, self.kinds, self.factors
+        new_n_zero = (f.uop_end <= f.uop_begin) | (f.iter_out == 0) | (f.iter_in == 0)
+        with m.If(self.pipe.start):
+            m.d.sync += [self.reset.eq(f.reset), self.uop_begin.eq(f.uop_begin),
+                         self.uop_end.eq(f.uop_end), self.iter_out.eq(f.iter_out),
+                         self.iter_in.eq(f.iter_in), self.u.eq(f.uop_begin),
+                         self.i_cnt.eq(0), self.o_cnt.eq(0), self.phase.eq(0),
+                         self.killed.eq(0), self.pipe.error.eq(start_err),
+                         self.issuing.eq(~new_n_zero & (start_err == 0))]
             m.d.sync += [factors[k][0].eq(getattr(f, f"{k}_factor_out")) for k in kinds]
             m.d.sync += [factors[k][1].eq(getattr(f, f"{k}_factor_in")) for k in kinds]
-            m.d.sync += [cur[k].eq(0) for k in kinds] + [base[k].eq(0) for k in kinds]
-        if is_alu:
-            alu_op = Signal.like(f.alu_op)
-            imm = Signal.like(f.imm)
-            with m.If(self.start):
-                m.d.sync += [alu_op.eq(f.alu_op), use_imm.eq(f.use_imm), imm.eq(f.imm)]
-                # Issue interval, write latency and reads of this instruction (a reset:
-                # one row per cycle written at GEMM_LATENCY, like a GEMM reset).
-                m.d.sync += [ii.eq(1), wlat.eq(GEMM_LATENCY), two_reads.eq(0)]
-                with m.If(~f.reset):
-                    with m.Switch(f.alu_op):
-                        for op, _ in ops:
-                            with m.Case(op.opcode):
-                                t = op.timing
-                                m.d.sync += [ii.eq(Mux(f.use_imm, t.ii_imm, t.ii_tensor)),
-                                             wlat.eq(Mux(f.use_imm, t.write_latency(True),
-                                                         t.write_latency(False))),
-                                             two_reads.eq(~f.use_imm & t.reads_dst)]
+            m.d.sync += ([self.cur[k].eq(0) for k in kinds]
+                         + [self.base[k].eq(0) for k in kinds])
+        if self.is_alu:
+            self._latch_alu_timing()
 
-        issue = Signal()
-        m.d.comb += issue.eq(issuing & (phase == 0) if is_alu else issuing)
-        if is_alu:
+    def _latch_alu_timing(self) -> None:
+        """At ``start``: the ALU op, its operand form, and the issue interval, write
+        latency and reads of this instruction (a reset: one row per cycle written at
+        GEMM_LATENCY, like a GEMM reset)."""
+        m, f = self.m, self.f
+        ii, wlat, two_reads = self.ii, self.wlat, self.two_reads
+        with m.If(self.pipe.start):
+            m.d.sync += [self.alu_op.eq(f.alu_op), self.use_imm.eq(f.use_imm),
+                         self.imm.eq(f.imm)]
+            m.d.sync += [ii.eq(1), wlat.eq(GEMM_LATENCY), two_reads.eq(0)]
+            with m.If(~f.reset):
+                with m.Switch(f.alu_op):
+                    for op, _ in self.ops:
+                        with m.Case(op.opcode):
+                            t = op.timing
+                            m.d.sync += [ii.eq(Mux(f.use_imm, t.ii_imm, t.ii_tensor)),
+                                         wlat.eq(Mux(f.use_imm, t.write_latency(True),
+                                                     t.write_latency(False))),
+                                         two_reads.eq(~f.use_imm & t.reads_dst)]
+
+    def advance_loop_nest(self) -> None:
+        """Issue an operation every ``ii`` cycles and step the uop, inner and outer loops
+        (and their buffer offsets); after the last one, drain the pipeline."""
+        m, kinds, factors = self.m, self.kinds, self.factors
+        issuing, phase, u, i_cnt, o_cnt = self.issuing, self.phase, self.u, self.i_cnt, self.o_cnt
+        cur, base = self.cur, self.base
+        self.issue = issue = Signal()
+        m.d.comb += issue.eq(issuing & (phase == 0) if self.is_alu else issuing)
+        if self.is_alu:
             with m.If(issuing):
-                m.d.sync += phase.eq(Mux(phase + 1 == ii, 0, phase + 1))
+                m.d.sync += phase.eq(Mux(phase + 1 == self.ii, 0, phase + 1))
         with m.If(issue):
-            last_u = u + 1 == uop_end
-            last_i = i_cnt + 1 == iter_in
-            last_o = o_cnt + 1 == iter_out
+            last_u = u + 1 == self.uop_end
+            last_i = i_cnt + 1 == self.iter_in
+            last_o = o_cnt + 1 == self.iter_out
             with m.If(~last_u):
                 m.d.sync += u.eq(u + 1)
             with m.Else():
-                m.d.sync += u.eq(uop_begin)
+                m.d.sync += u.eq(self.uop_begin)
                 with m.If(~last_i):
                     m.d.sync += [i_cnt.eq(i_cnt + 1)]
                     m.d.sync += [cur[k].eq(cur[k] + factors[k][1]) for k in kinds]
@@ -203,83 +252,93 @@ class TensorPipeline(wiring.Component):
                         m.d.sync += [base[k].eq(base[k] + factors[k][0]) for k in kinds]
                         m.d.sync += [cur[k].eq(base[k] + factors[k][0]) for k in kinds]
                     with m.Else():
-                        m.d.sync += [issuing.eq(0), drain.eq(wlat)]
+                        m.d.sync += [issuing.eq(0), self.drain.eq(self.wlat)]
 
-        # ------------------------------------------------- stage 0 -> 1
-        m.d.comb += [self.uop.addr.eq(u), self.uop.en.eq(1)]
-        v1 = Signal()
-        cur1 = {k: Signal.like(cur[k], name=f"{k}_cur1") for k in kinds}
-        m.d.sync += [v1.eq(issue)] + [cur1[k].eq(cur[k]) for k in kinds]
+    def add_index_stage(self) -> None:
+        """Stages 0 and 1: read the uop, form the buffer indices and check them (an index
+        out of bounds kills the instruction); the GEMM kind reads ``inp`` and ``wgt``."""
+        m, c, kinds, pipe = self.m, self.c, self.kinds, self.pipe
+        m.d.comb += [pipe.uop.addr.eq(self.u), pipe.uop.en.eq(1)]
+        self.v1 = v1 = Signal()
+        cur1 = {k: Signal.like(self.cur[k], name=f"{k}_cur1") for k in kinds}
+        m.d.sync += [v1.eq(self.issue)] + [cur1[k].eq(self.cur[k]) for k in kinds]
 
-        # ------------------------------------------------- stage 1: indices
         ul = uop_layout(c)
-        uop = data.View(ul, self.uop.data[:ul.size])
-        idx = {k: Signal(wide + 2, name=f"{k}_idx") for k in kinds}
+        uop = data.View(ul, pipe.uop.data[:ul.size])
+        self.idx = idx = {k: Signal(self.wide + 2, name=f"{k}_idx") for k in kinds}
         m.d.comb += [idx[k].eq(getattr(uop, k) + cur1[k]) for k in kinds]
-        tensor = Signal()    # an ALU op with a tensor operand (src is an accumulator row)
-        if is_alu:
-            m.d.comb += tensor.eq(~reset & ~use_imm)
+        self.tensor = tensor = Signal()    # an ALU op with a tensor operand (src is an acc row)
+        if self.is_alu:
+            m.d.comb += tensor.eq(~self.reset & ~self.use_imm)
         bad = Signal()
-        if is_alu:
+        if self.is_alu:
             m.d.comb += bad.eq((idx["dst"] >= c.acc_depth) | (tensor & (idx["src"] >= c.acc_depth)))
         else:
             m.d.comb += bad.eq((idx["dst"] >= c.acc_depth)
-                               | (~reset & ((idx["src"] >= c.inp_depth)
-                                            | (idx["wgt"] >= c.wgt_depth))))
-        with m.If(v1 & bad & ~killed):
-            m.d.sync += [self.error.eq(ErrorCode.INDEX_BOUNDS), killed.eq(1), issuing.eq(0),
-                         drain.eq(wlat)]
-        ok1 = Signal()
-        m.d.comb += ok1.eq(v1 & ~bad & ~killed)
-        if not is_alu:
-            m.d.comb += [self.inp.addr.eq(idx["src"]), self.inp.en.eq(1),
-                         self.wgt.addr.eq(idx["wgt"]), self.wgt.en.eq(1)]
+                               | (~self.reset & ((idx["src"] >= c.inp_depth)
+                                                 | (idx["wgt"] >= c.wgt_depth))))
+        with m.If(v1 & bad & ~self.killed):
+            m.d.sync += [pipe.error.eq(ErrorCode.INDEX_BOUNDS), self.killed.eq(1),
+                         self.issuing.eq(0), self.drain.eq(self.wlat)]
+        self.ok1 = ok1 = Signal()
+        m.d.comb += ok1.eq(v1 & ~bad & ~self.killed)
+        if not self.is_alu:
+            m.d.comb += [pipe.inp.addr.eq(idx["src"]), pipe.inp.en.eq(1),
+                         pipe.wgt.addr.eq(idx["wgt"]), pipe.wgt.en.eq(1)]
 
-        # Valid bits and destination rows travel down a delay line; the write taps it.
-        valid = [Signal(name=f"valid{s}") for s in range(lat_max + 1)]
-        dst = [Signal(c.acc_index_bits, name=f"dst{s}") for s in range(lat_max + 1)]
-        m.d.comb += [valid[1].eq(ok1), dst[1].eq(idx["dst"])]
+    def add_delay_line(self) -> None:
+        """Valid bits and destination rows travel down a delay line; the write taps it."""
+        m, lat_max = self.m, self.lat_max
+        self.valid = valid = [Signal(name=f"valid{s}") for s in range(lat_max + 1)]
+        self.dst = dst = [Signal(self.c.acc_index_bits, name=f"dst{s}")
+                          for s in range(lat_max + 1)]
+        m.d.comb += [valid[1].eq(self.ok1), dst[1].eq(self.idx["dst"])]
         for s in range(2, lat_max + 1):
             m.d.sync += [valid[s].eq(valid[s - 1]), dst[s].eq(dst[s - 1])]
         # The line is longer than a short-latency instruction's write stage: ops of the last
         # instruction still travel past it and must not reach a later, longer write tap.
-        with m.If(self.start):
+        with m.If(self.pipe.start):
             m.d.sync += [valid[s].eq(0) for s in range(2, lat_max + 1)]
 
+    def add_acc_ports(self) -> None:
+        """The accumulator read port, the unit's datapath (multiply-accumulate or ALU
+        hooks) and the write of its result at the instruction's write latency."""
+        m, c, pipe, idx = self.m, self.c, self.pipe, self.idx
+        valid, dst = self.valid, self.dst
         # acc read port: dst at stage 1, except ALU tensor ops: src at 1 (and dst at 2 for
         # ops that read it).
-        if is_alu:
-            m.d.comb += [self.acc_rd.addr.eq(Mux(two_reads & ~v1, dst[2],
-                                                 Mux(tensor, idx["src"], idx["dst"]))),
-                         self.acc_rd.en.eq(v1 | (two_reads & valid[2]))]
+        if self.is_alu:
+            m.d.comb += [pipe.acc_rd.addr.eq(Mux(self.two_reads & ~self.v1, dst[2],
+                                                 Mux(self.tensor, idx["src"], idx["dst"]))),
+                         pipe.acc_rd.en.eq(self.v1 | (self.two_reads & valid[2]))]
         else:
-            m.d.comb += [self.acc_rd.addr.eq(idx["dst"]), self.acc_rd.en.eq(v1)]
+            m.d.comb += [pipe.acc_rd.addr.eq(idx["dst"]), pipe.acc_rd.en.eq(self.v1)]
         lane_w = c.acc_width
-        acc_lanes = [self.acc_rd.data.word_select(j, lane_w).as_signed() for j in range(self.lanes)]
+        acc_lanes = [pipe.acc_rd.data.word_select(j, lane_w).as_signed()
+                     for j in range(pipe.lanes)]
 
         write = Signal()
         row = Signal(c.acc_index_bits)
         result = Signal(c.acc_entry_bytes * 8)
-        if is_alu:
-            self._alu(m, ops, acc_lanes, reset, use_imm, two_reads, imm, alu_op, result)
-            with m.Switch(wlat):
-                for s in range(GEMM_LATENCY, lat_max + 1):
+        if self.is_alu:
+            self._alu(acc_lanes, result)
+            with m.Switch(self.wlat):
+                for s in range(GEMM_LATENCY, self.lat_max + 1):
                     with m.Case(s):
                         m.d.comb += [write.eq(valid[s]), row.eq(dst[s])]
         else:
-            self._gemm(m, acc_lanes, reset, result)
+            self._gemm(acc_lanes, result)
             m.d.comb += [write.eq(valid[GEMM_LATENCY]), row.eq(dst[GEMM_LATENCY])]
-        m.d.comb += [self.acc_wr.en.eq(write), self.acc_wr.addr.eq(row),
-                     self.acc_wr.data.eq(result)]
-        return m
+        m.d.comb += [pipe.acc_wr.en.eq(write), pipe.acc_wr.addr.eq(row),
+                     pipe.acc_wr.data.eq(result)]
 
-    def _gemm(self, m: Module, acc_lanes: list, reset: Signal, gemm_sum: Signal) -> None:
+    def _gemm(self, acc_lanes: list, gemm_sum: Signal) -> None:
         """Stage 2: the multiply-accumulate of every lane into ``gemm_sum`` (a register;
         zero for a reset, as a synchronous reset of the register rather than a mux)."""
-        c = self.config
-        x = [[self.inp.data.word_select(b * c.block_in + k, c.inp_width).as_signed()
+        c, pipe = self.c, self.pipe
+        x = [[pipe.inp.data.word_select(b * c.block_in + k, c.inp_width).as_signed()
               for k in range(c.block_in)] for b in range(c.batch)]
-        w = [[self.wgt.data.word_select(o * c.block_in + k, c.wgt_width).as_signed()
+        w = [[pipe.wgt.data.word_select(o * c.block_in + k, c.wgt_width).as_signed()
               for k in range(c.block_in)] for o in range(c.block_out)]
         products = {}
         for b in range(c.batch):
@@ -297,37 +356,37 @@ class TensorPipeline(wiring.Component):
             for o in range(c.block_out):
                 dot = _tree_sum([products[o, k, b] for k in range(c.block_in)])
                 sums.append((acc_lanes[b * c.block_out + o] + dot)[:c.acc_width])
-        m.d.sync += gemm_sum.eq(Mux(reset, 0, Cat(*sums)))
+        self.m.d.sync += gemm_sum.eq(Mux(self.reset, 0, Cat(*sums)))
 
-    def _alu(self, m: Module, ops, acc_lanes: list, reset, use_imm, two_reads, imm, alu_op,
-             alu_result: Signal) -> None:
+    def _alu(self, acc_lanes: list, alu_result: Signal) -> None:
         """The ALU ops' hooks on every lane; the selected op's result goes to ``alu_result``
         (the output register; zero for a reset). The accumulator lane ``a`` is the row read
         last cycle; the operand ``b`` is the immediate, or the ``src`` row: read two cycles
         ago (``b_reg``) by ops that also read ``dst``, last cycle by ops that ignore it.
         ``two_reads`` tells which, so one operand mux serves every op (per immediate
         decoder)."""
-        lane_w = self.config.acc_width
-        b_reg = [Signal(signed(lane_w), name=f"b{j}") for j in range(self.lanes)]
-        m.d.sync += [b_reg[j].eq(acc_lanes[j]) for j in range(self.lanes)]
-        b_row = [Signal(signed(lane_w), name=f"b_row{j}") for j in range(self.lanes)]
-        m.d.comb += [b_row[j].eq(Mux(two_reads, b_reg[j], acc_lanes[j]))
-                     for j in range(self.lanes)]
+        m, lanes, imm = self.m, self.pipe.lanes, self.imm
+        lane_w = self.c.acc_width
+        b_reg = [Signal(signed(lane_w), name=f"b{j}") for j in range(lanes)]
+        m.d.sync += [b_reg[j].eq(acc_lanes[j]) for j in range(lanes)]
+        b_row = [Signal(signed(lane_w), name=f"b_row{j}") for j in range(lanes)]
+        m.d.comb += [b_row[j].eq(Mux(self.two_reads, b_reg[j], acc_lanes[j]))
+                     for j in range(lanes)]
         op_results = {}
-        for op, hw in ops:
+        for op, hw in self.ops:
             operand = hw.operand_of_imm(imm, len(imm))
             lanes_out = []
-            for j in range(self.lanes):
+            for j in range(lanes):
                 a_in = Signal(signed(lane_w), name=f"{op.name.lower()}_a{j}")
                 b_in = Signal(signed(lane_w), name=f"{op.name.lower()}_b{j}")
-                m.d.comb += [a_in.eq(acc_lanes[j]), b_in.eq(Mux(use_imm, operand, b_row[j]))]
+                m.d.comb += [a_in.eq(acc_lanes[j]), b_in.eq(Mux(self.use_imm, operand, b_row[j]))]
                 lanes_out.append(hw.build(m, a_in, b_in)[:lane_w])
             op_results[op.opcode] = Cat(*lanes_out)
-        with m.Switch(alu_op):
+        with m.Switch(self.alu_op):
             for code, value in op_results.items():
                 with m.Case(code):
                     m.d.sync += alu_result.eq(value)
-        with m.If(reset):
+        with m.If(self.reset):
             m.d.sync += alu_result.eq(0)
 
 

@@ -259,3 +259,29 @@ def load_kernel(kernel: CpuKernel) -> LoadedKernel:
     return LoadedKernel(kernel, fn, fast=True,
                         keepalive=(method, par_method, checked_method, module),
                         par_fn=par_fn, threads=threads, checked_fn=checked_fn)
+
+
+def run_cpu_step(step, kernel: LoadedKernel | None, env: dict[str, np.ndarray]) -> None:
+    """Run one :class:`~tessera.compiler.cpu.lower.CpuStep` with its loaded ``kernel``
+    (``None`` for a view, which reshapes its input) on ``env`` (tensor name -> array),
+    adding its outputs. Raises CpuKernelError for an input that is nowhere."""
+    args = []
+    for name in step.inputs:
+        data = step.constants.get(name)
+        if data is None:
+            data = env.get(name)
+        if data is None:
+            raise CpuKernelError(f"CPU step {step.name!r} reads tensor {name!r}, which is "
+                                 "neither a constant of the step nor computed yet")
+        args.append(data)
+    if kernel is None:
+        env[step.outputs[0]] = np.reshape(args[0], step.shape)
+        return
+    result = kernel(*args)
+    env.update(zip(step.outputs, result if isinstance(result, (tuple, list)) else (result,)))
+
+
+def run_cpu_steps(steps: Sequence, env: dict[str, np.ndarray]) -> None:
+    """Run CPU steps in order on ``env``, JIT-compiling each step's kernel."""
+    for step in steps:
+        run_cpu_step(step, None if step.kernel is None else load_kernel(step.kernel), env)

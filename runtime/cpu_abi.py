@@ -176,64 +176,11 @@ def checked_pycall_ir(name: str, callee: str, specs: Sequence[TensorSpec],
              f'  %ndarray = load ptr, ptr @"{EXPECT}", align {_PTR_SIZE}',
              "  br i1 %nargs.ok, label %arg0, label %reject"]
     for i, spec in enumerate(specs):
-        flags = _C_CONTIGUOUS | _ALIGNED | (_WRITEABLE if i >= n_in else 0)
         after = f"arg{i + 1}" if i + 1 < n else "disjoint"
-        # Blocks in order, each reading only what the previous one proved is there:
-        # the type (any object has one), the fixed fields, the dimensions array.
-        lines += [f"arg{i}:",
-                  f"  %a{i}.p = getelementptr inbounds ptr, ptr %args, i64 {i}",
-                  f"  %a{i} = load ptr, ptr %a{i}.p, align {_PTR_SIZE}",
-                  f"  %a{i}.t.p = getelementptr inbounds i8, ptr %a{i}, i64 {_TYPE_OFFSET}",
-                  f"  %a{i}.t = load ptr, ptr %a{i}.t.p, align {_PTR_SIZE}",
-                  f"  %a{i}.t.ok = icmp eq ptr %a{i}.t, %ndarray",
-                  f"  br i1 %a{i}.t.ok, label %arg{i}.fields, label %reject",
-                  f"arg{i}.fields:",
-                  *_field(f"a{i}", "nd", "i32", f"a{i}.nd"),
-                  *_field(f"a{i}", "descr", "ptr", f"a{i}.dt"),
-                  *_field(f"a{i}", "flags", "i32", f"a{i}.fl"),
-                  f"  %a{i}.dt.e.p = getelementptr inbounds {slots}, ptr @\"{EXPECT}\", "
-                  f"i64 0, i64 {i + 2}",
-                  f"  %a{i}.dt.e = load ptr, ptr %a{i}.dt.e.p, align {_PTR_SIZE}",
-                  f"  %a{i}.nd.ok = icmp eq i32 %a{i}.nd, {spec.ndim}",
-                  f"  %a{i}.dt.ok = icmp eq ptr %a{i}.dt, %a{i}.dt.e",
-                  f"  %a{i}.fl.m = and i32 %a{i}.fl, {flags}",
-                  f"  %a{i}.fl.ok = icmp eq i32 %a{i}.fl.m, {flags}",
-                  f"  %a{i}.ok0 = and i1 %a{i}.nd.ok, %a{i}.dt.ok",
-                  f"  %a{i}.ok1 = and i1 %a{i}.ok0, %a{i}.fl.ok",
-                  f"  br i1 %a{i}.ok1, label %arg{i}.shape, label %reject",
-                  f"arg{i}.shape:",
-                  *_field(f"a{i}", "data", "ptr", f"d{i}")]
-        if not spec.ndim:
-            lines.append(f"  br label %{after}")
-            continue
-        lines += _field(f"a{i}", "dimensions", "ptr", f"a{i}.dims")
-        ok = "true"
-        for k, d in enumerate(spec.shape):
-            lines += [f"  %a{i}.d{k}.p = getelementptr inbounds {_SSIZE_T}, "
-                      f"ptr %a{i}.dims, i64 {k}",
-                      f"  %a{i}.d{k} = load {_SSIZE_T}, ptr %a{i}.d{k}.p, align {_PTR_SIZE}",
-                      f"  %a{i}.d{k}.ok = icmp eq {_SSIZE_T} %a{i}.d{k}, {d}",
-                      f"  %a{i}.s{k} = and i1 {ok}, %a{i}.d{k}.ok"]
-            ok = f"%a{i}.s{k}"
-        lines.append(f"  br i1 {ok}, label %{after}, label %reject")
-    # Two contiguous buffers overlap iff their byte ranges intersect; empty ones hold
-    # no bytes. Inputs may overlap each other (the kernel only reads them).
-    lines += ["disjoint:"]
-    lo = {i: f"%d{i}.lo" for i, sp in enumerate(specs) if sp.nbytes}
-    for i in lo:
-        lines += [f"  %d{i}.lo = ptrtoint ptr %d{i} to {_SSIZE_T}",
-                  f"  %d{i}.hi = add {_SSIZE_T} %d{i}.lo, {specs[i].nbytes}"]
-    clash = "false"
-    for j in (j for j in lo if j >= n_in):
-        for i in (i for i in lo if i < j):
-            lines += [f"  %o{i}.{j}.a = icmp ult {_SSIZE_T} %d{i}.lo, %d{j}.hi",
-                      f"  %o{i}.{j}.b = icmp ult {_SSIZE_T} %d{j}.lo, %d{i}.hi",
-                      f"  %o{i}.{j} = and i1 %o{i}.{j}.a, %o{i}.{j}.b",
-                      f"  %c{i}.{j} = or i1 {clash}, %o{i}.{j}"]
-            clash = f"%c{i}.{j}"
+        lines += _argument_check_ir(i, spec, i >= n_in, slots, after)
+    lines += ["disjoint:", *_disjoint_ir(specs, n_in)]
     args = ", ".join(f"ptr %d{i}" for i in range(n))
-    lines += [f"  br i1 {clash}, label %reject, label %run",
-              "run:",
+    lines += ["run:",
               "  %ts = call ptr @PyEval_SaveThread()",
               f'  call void @"{callee}"({args})',
               "  call void @PyEval_RestoreThread(ptr %ts)",
@@ -246,6 +193,72 @@ def checked_pycall_ir(name: str, callee: str, specs: Sequence[TensorSpec],
               "  ret ptr %ni",
               "}", ""]
     return "\n".join(lines)
+
+
+def _argument_check_ir(i: int, spec: TensorSpec, output: bool, slots: str,
+                       after: str) -> list[str]:
+    """Blocks ``arg<i>...`` of :func:`checked_pycall_ir`: argument ``i`` is an ndarray
+    matching ``spec`` (writeable if an ``output``), its data pointer left in ``%d<i>``;
+    on success they branch to block ``after``, else to ``reject``."""
+    flags = _C_CONTIGUOUS | _ALIGNED | (_WRITEABLE if output else 0)
+    # Blocks in order, each reading only what the previous one proved is there:
+    # the type (any object has one), the fixed fields, the dimensions array.
+    lines = [f"arg{i}:",
+             f"  %a{i}.p = getelementptr inbounds ptr, ptr %args, i64 {i}",
+             f"  %a{i} = load ptr, ptr %a{i}.p, align {_PTR_SIZE}",
+             f"  %a{i}.t.p = getelementptr inbounds i8, ptr %a{i}, i64 {_TYPE_OFFSET}",
+             f"  %a{i}.t = load ptr, ptr %a{i}.t.p, align {_PTR_SIZE}",
+             f"  %a{i}.t.ok = icmp eq ptr %a{i}.t, %ndarray",
+             f"  br i1 %a{i}.t.ok, label %arg{i}.fields, label %reject",
+             f"arg{i}.fields:",
+             *_field(f"a{i}", "nd", "i32", f"a{i}.nd"),
+             *_field(f"a{i}", "descr", "ptr", f"a{i}.dt"),
+             *_field(f"a{i}", "flags", "i32", f"a{i}.fl"),
+             f"  %a{i}.dt.e.p = getelementptr inbounds {slots}, ptr @\"{EXPECT}\", "
+             f"i64 0, i64 {i + 2}",
+             f"  %a{i}.dt.e = load ptr, ptr %a{i}.dt.e.p, align {_PTR_SIZE}",
+             f"  %a{i}.nd.ok = icmp eq i32 %a{i}.nd, {spec.ndim}",
+             f"  %a{i}.dt.ok = icmp eq ptr %a{i}.dt, %a{i}.dt.e",
+             f"  %a{i}.fl.m = and i32 %a{i}.fl, {flags}",
+             f"  %a{i}.fl.ok = icmp eq i32 %a{i}.fl.m, {flags}",
+             f"  %a{i}.ok0 = and i1 %a{i}.nd.ok, %a{i}.dt.ok",
+             f"  %a{i}.ok1 = and i1 %a{i}.ok0, %a{i}.fl.ok",
+             f"  br i1 %a{i}.ok1, label %arg{i}.shape, label %reject",
+             f"arg{i}.shape:",
+             *_field(f"a{i}", "data", "ptr", f"d{i}")]
+    if not spec.ndim:
+        return lines + [f"  br label %{after}"]
+    lines += _field(f"a{i}", "dimensions", "ptr", f"a{i}.dims")
+    ok = "true"
+    for k, d in enumerate(spec.shape):
+        lines += [f"  %a{i}.d{k}.p = getelementptr inbounds {_SSIZE_T}, "
+                  f"ptr %a{i}.dims, i64 {k}",
+                  f"  %a{i}.d{k} = load {_SSIZE_T}, ptr %a{i}.d{k}.p, align {_PTR_SIZE}",
+                  f"  %a{i}.d{k}.ok = icmp eq {_SSIZE_T} %a{i}.d{k}, {d}",
+                  f"  %a{i}.s{k} = and i1 {ok}, %a{i}.d{k}.ok"]
+        ok = f"%a{i}.s{k}"
+    return lines + [f"  br i1 {ok}, label %{after}, label %reject"]
+
+
+def _disjoint_ir(specs: Sequence[TensorSpec], n_in: int) -> list[str]:
+    """Body of :func:`checked_pycall_ir`'s ``disjoint`` block: to ``reject`` if an
+    output's bytes overlap another argument's, else to ``run``."""
+    # Two contiguous buffers overlap iff their byte ranges intersect; empty ones hold
+    # no bytes. Inputs may overlap each other (the kernel only reads them).
+    lines = []
+    filled = [i for i, sp in enumerate(specs) if sp.nbytes]
+    for i in filled:
+        lines += [f"  %d{i}.lo = ptrtoint ptr %d{i} to {_SSIZE_T}",
+                  f"  %d{i}.hi = add {_SSIZE_T} %d{i}.lo, {specs[i].nbytes}"]
+    clash = "false"
+    for j in (j for j in filled if j >= n_in):
+        for i in (i for i in filled if i < j):
+            lines += [f"  %o{i}.{j}.a = icmp ult {_SSIZE_T} %d{i}.lo, %d{j}.hi",
+                      f"  %o{i}.{j}.b = icmp ult {_SSIZE_T} %d{j}.lo, %d{i}.hi",
+                      f"  %o{i}.{j} = and i1 %o{i}.{j}.a, %o{i}.{j}.b",
+                      f"  %c{i}.{j} = or i1 {clash}, %o{i}.{j}"]
+            clash = f"%c{i}.{j}"
+    return lines + [f"  br i1 {clash}, label %reject, label %run"]
 
 
 PY_DECLS = "\n".join(["declare ptr @PyEval_SaveThread()",
@@ -261,12 +274,6 @@ def parallel_ir(kernel: CpuKernel, n_args: int) -> str:
     (joined before returning; a slice whose thread cannot be made runs on the calling
     thread). ``tessera.slice`` is the thread body: it reads the pointers and its
     ``[begin, end)`` from a ``{ptr args, i64 begin, i64 end}`` context."""
-    extent = kernel.parallel
-    loads, ptrs = [], []
-    for i in range(n_args):
-        loads += [f"  %q{i} = getelementptr inbounds ptr, ptr %argv, i64 {i}",
-                  f"  %v{i} = load ptr, ptr %q{i}, align 8"]
-        ptrs.append(f"ptr %v{i}")
     stores = []
     for i in range(n_args):
         stores += [f"  %w{i} = getelementptr inbounds ptr, ptr %argv, i64 {i}",
@@ -275,16 +282,7 @@ def parallel_ir(kernel: CpuKernel, n_args: int) -> str:
     return "\n".join([
         "declare i32 @pthread_create(ptr, ptr, ptr, ptr)",
         f"declare i32 @pthread_join({_PTHREAD_T}, ptr)",
-        'define internal ptr @"tessera.slice"(ptr %ctx) {',
-        "  %argv = load ptr, ptr %ctx, align 8",
-        "  %pb = getelementptr inbounds { ptr, i64, i64 }, ptr %ctx, i64 0, i32 1",
-        "  %begin = load i64, ptr %pb, align 8",
-        "  %pe = getelementptr inbounds { ptr, i64, i64 }, ptr %ctx, i64 0, i32 2",
-        "  %end = load i64, ptr %pe, align 8",
-        *loads,
-        f'  call void @"{kernel.range_entry}"({", ".join(ptrs)}, i64 %begin, i64 %end)',
-        "  ret ptr null",
-        "}",
+        *_slice_ir(kernel.range_entry, n_args),
         f'define void @"{PAR_ENTRY}"({params}, i64 %n) {{',
         "entry:",
         f"  %argv = alloca ptr, i64 {n_args}, align 8",
@@ -293,7 +291,39 @@ def parallel_ir(kernel: CpuKernel, n_args: int) -> str:
         f"  %tids = alloca {_PTHREAD_T}, i64 %n, align 8",
         "  %made = alloca i8, i64 %n, align 1",
         "  br label %fill",
-        # Slice t is [extent*t/n, extent*(t+1)/n): sizes differ by at most one.
+        *_fill_slices_ir(kernel.parallel),
+        *_spawn_ir(),
+        *_join_ir(),
+        "done:",
+        "  ret void",
+        "}", ""])
+
+
+def _slice_ir(range_entry: str, n_args: int) -> list[str]:
+    """``tessera.slice(ptr ctx)``, the thread body of :func:`parallel_ir`: calls
+    ``range_entry`` with the context's ``n_args`` pointers and ``[begin, end)``."""
+    loads, ptrs = [], []
+    for i in range(n_args):
+        loads += [f"  %q{i} = getelementptr inbounds ptr, ptr %argv, i64 {i}",
+                  f"  %v{i} = load ptr, ptr %q{i}, align 8"]
+        ptrs.append(f"ptr %v{i}")
+    return [
+        'define internal ptr @"tessera.slice"(ptr %ctx) {',
+        "  %argv = load ptr, ptr %ctx, align 8",
+        "  %pb = getelementptr inbounds { ptr, i64, i64 }, ptr %ctx, i64 0, i32 1",
+        "  %begin = load i64, ptr %pb, align 8",
+        "  %pe = getelementptr inbounds { ptr, i64, i64 }, ptr %ctx, i64 0, i32 2",
+        "  %end = load i64, ptr %pe, align 8",
+        *loads,
+        f'  call void @"{range_entry}"({", ".join(ptrs)}, i64 %begin, i64 %end)',
+        "  ret ptr null",
+        "}"]
+
+
+def _fill_slices_ir(extent: int) -> list[str]:
+    """Block ``fill`` of :func:`parallel_ir`: the ``n`` slice contexts over ``extent``."""
+    # Slice t is [extent*t/n, extent*(t+1)/n): sizes differ by at most one.
+    return [
         "fill:",
         "  %t = phi i64 [ 0, %entry ], [ %t1, %fill ]",
         "  %t1 = add nuw nsw i64 %t, 1",
@@ -308,7 +338,13 @@ def parallel_ir(kernel: CpuKernel, n_args: int) -> str:
         "  %ce = getelementptr inbounds { ptr, i64, i64 }, ptr %ctxs, i64 %t, i32 2",
         "  store i64 %hi, ptr %ce, align 8",
         "  %more = icmp ult i64 %t1, %n",
-        "  br i1 %more, label %fill, label %spawn.head",
+        "  br i1 %more, label %fill, label %spawn.head"]
+
+
+def _spawn_ir() -> list[str]:
+    """Blocks ``spawn...`` and ``run0`` of :func:`parallel_ir`: a thread per slice 1..n-1
+    (recording in ``%made`` which exist; a slice without one runs inline), then slice 0."""
+    return [
         "spawn.head:",
         "  br label %spawn",
         "spawn:",
@@ -332,7 +368,13 @@ def parallel_ir(kernel: CpuKernel, n_args: int) -> str:
         "  br label %spawn",
         "run0:",
         '  %r0 = call ptr @"tessera.slice"(ptr %ctxs)',
-        "  br label %join",
+        "  br label %join"]
+
+
+def _join_ir() -> list[str]:
+    """Blocks ``join...`` of :func:`parallel_ir`: join every thread that was made, then
+    branch to ``done``."""
+    return [
         "join:",
         "  %j = phi i64 [ 1, %run0 ], [ %j1, %join.next ]",
         "  %jgo = icmp ult i64 %j, %n",
@@ -349,10 +391,7 @@ def parallel_ir(kernel: CpuKernel, n_args: int) -> str:
         "  br label %join.next",
         "join.next:",
         "  %j1 = add nuw nsw i64 %j, 1",
-        "  br label %join",
-        "done:",
-        "  ret void",
-        "}", ""])
+        "  br label %join"]
 
 
 def builtin(address: int, name: str) -> tuple[Callable[..., None], _PyMethodDef]:

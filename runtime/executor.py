@@ -172,20 +172,14 @@ class Model:
         if step.kernel is None:
             return None
         if k not in self._kernels:
-            from .cpu import load_kernel
+            from .cpu import load_kernel  # llvmlite loads only when a model has CPU steps
             self._kernels[k] = load_kernel(step.kernel)
         return self._kernels[k]
 
     @staticmethod
     def _run_cpu(step, kernel, env: dict[str, np.ndarray]) -> None:
-        args = [env[t] if t in env else step.constants[t] for t in step.inputs]
-        if kernel is None:
-            env[step.outputs[0]] = args[0].reshape(step.shape)
-            return
-        result = kernel(*args)
-        outs = result if isinstance(result, (tuple, list)) else (result,)
-        for name, value in zip(step.outputs, outs):
-            env[name] = value
+        from .cpu import run_cpu_step
+        run_cpu_step(step, kernel, env)
 
     def _resident(self, k: int, step: AccelStep, dev: Device) -> LoadedProgram:
         """Step ``k``'s program loaded on ``dev`` (weights written on first use, kept until

@@ -3,7 +3,7 @@ PYNQ board: a register window and a DRAM, as a driver sees the hardware.
 
 :class:`SimModel` is the cycle simulator (:class:`tessera.sim.registers.SimRegisters`
 over a numpy DRAM); :class:`RtlModel` is the Verilator model of the RTL
-(:class:`tessera.hw.rtlsim.RtlSim`, whose harness holds the DRAM). Both answer
+(:class:`tessera.hw.harness.rtlsim.RtlSim`, whose harness holds the DRAM). Both answer
 register reads and writes at offsets of :mod:`tessera.regmap`, move bytes in and
 out of DRAM, and power up (on-chip buffers zeroed). Buffers are placed by the
 owner's :class:`~tessera.runtime.memory.PageAllocator`.
@@ -78,7 +78,7 @@ class RtlModel:
 
     def __init__(self, config: HwConfig, memory_bytes: int, options: dict[str, Any]) -> None:
         try:
-            from tessera.hw.rtlsim import RtlSim
+            from tessera.hw.harness.rtlsim import RtlSim
         except ImportError as exc:
             raise DeviceError(f"the RTL model needs the hardware tools ({exc.name} is missing): "
                               'pip install -e ".[hw]", or use the simulator') from None

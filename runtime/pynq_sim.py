@@ -4,7 +4,7 @@
 installed as pynq's active device, it is what ``pynq.Overlay``, ``pynq.MMIO`` and
 ``pynq.allocate`` talk to, so :class:`~tessera.runtime.pynq_device.PynqDevice` runs
 unchanged on it. Behind the board's register window (from the ``.hwh``) sits the
-accelerator's RTL (the Verilator model of :mod:`tessera.hw.rtlsim`, ``model="rtl"``,
+accelerator's RTL (the Verilator model of :mod:`tessera.hw.harness.rtlsim`, ``model="rtl"``,
 the default) or the cycle simulator (:class:`tessera.sim.registers.SimRegisters`,
 ``model="sim"``); its DDR is the model's DRAM, buffers in it come from a
 :class:`~tessera.runtime.memory.PageAllocator`, and a buffer's
@@ -68,7 +68,7 @@ class SimulatedBoard(PynqBaseDevice):
     :attr:`bitstream` ``tessera_<config>.bit``, a placeholder that says so, and the
     matching ``.hwh`` from :func:`tessera.hwh.hwh_xml`. :meth:`close` (or leaving a
     ``with`` block) restores the active device there was before. ``memory_bytes`` is
-    the size of the simulated DDR; ``rtl_options`` go to :class:`tessera.hw.rtlsim.RtlSim`.
+    the size of the simulated DDR; ``rtl_options`` go to :class:`tessera.hw.harness.rtlsim.RtlSim`.
     """
 
     _probe_priority_ = 1000

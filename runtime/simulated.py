@@ -90,7 +90,7 @@ class RtlDevice(ModelDevice):
     """The Verilator model of ``config``'s RTL as a device.
 
     Building the model takes a minute or two the first time per config (cached on
-    disk). ``options`` go to :class:`tessera.hw.rtlsim.RtlSim` (``verilog``,
+    disk). ``options`` go to :class:`tessera.hw.harness.rtlsim.RtlSim` (``verilog``,
     ``dram_latency``, ``trace``, ...). Opening powers the model up and checks
     CONFIG_ID and VERSION.
     """

@@ -35,7 +35,7 @@ def compile(model: Any, target: str | HwConfig = "pynq", *,
 
     A float model is quantized to int8 from ``calibration`` (a list of input feeds);
     an int8 QDQ model compiles as it is. ``force_cpu`` keeps named nodes off the
-    accelerator; ``host`` (a :class:`~tessera.compiler.partition.HostCost`) is what the
+    accelerator; ``host`` (a :class:`~tessera.compiler.placement.cost.HostCost`) is what the
     placement assumes of the host CPU. Returns a :class:`~tessera.runtime.executor.Model`
     (``run``, ``save``, ``summary``). See :func:`tessera.compiler.model.compile_model`.
     """

@@ -90,7 +90,7 @@ def _calibration(args: argparse.Namespace, model) -> list[dict]:
                                "(the leading axis)")
         return [{k: v[i] for k, v in arrays.items()} for i in range(counts.pop())]
     if args.random_calibration:
-        from .compiler.zoo import calibration_data
+        from .compiler.frontend.zoo import calibration_data
         return calibration_data(model, args.random_calibration)
     return None  # type: ignore[return-value]
 
@@ -202,8 +202,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     import numpy as np
 
     from . import compile as compile_model
-    from .compiler import zoo
-    from .compiler.check import int8_agreement, output_scales, reference_outputs
+    from .compiler.frontend import zoo
+    from .compiler.golden.check import int8_agreement, output_scales, reference_outputs
     config = get_config(args.config)
     t0 = time.perf_counter()
     model = zoo.ZOO[args.model]()
@@ -349,7 +349,7 @@ def _require_hw():
 
 def _cmd_hw_verilog(args: argparse.Namespace) -> int:
     _require_hw()
-    from .hw import export
+    from .hw.synth import export
 
     config = get_config(args.config)
     paths = export.write(config, args.output)
@@ -362,7 +362,7 @@ def _cmd_hw_resources(args: argparse.Namespace) -> int:
     import json
 
     _require_hw()
-    from .hw import export, resources
+    from .hw.synth import export, resources
 
     config = get_config(args.config)
     part = args.part or config.part
@@ -382,13 +382,13 @@ def _cmd_hw_resources(args: argparse.Namespace) -> int:
 def _cmd_hw_bitstream(args: argparse.Namespace) -> int:
     if args.install:
         # installing a project Vivado ran elsewhere needs neither Amaranth nor Vivado
-        from .hw.bitstream import install_build
+        from .bitstreams.build import install_build
         result = install_build(args.install, args.board, get_config(args.config))
     else:
         import shutil
 
         _require_hw()
-        from .hw.bitstream import build_bitstream
+        from .bitstreams.build import build_bitstream
         if shutil.which(args.vivado or "vivado"):
             print("writing the project and running Vivado in batch mode (tens of minutes; "
                   "its log is vivado.log in the project folder)...", file=sys.stderr, flush=True)
@@ -400,13 +400,22 @@ def _cmd_hw_bitstream(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``tessera`` argument parser: one subcommand per function below."""
     from . import __version__
 
     parser = argparse.ArgumentParser(prog="tessera", description=(
         "Tessera: FPGA deep-learning accelerator co-design toolkit"))
     parser.add_argument("--version", action="version", version=f"tessera {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_demo_command(sub)
+    _add_model_commands(sub)
+    _add_program_commands(sub)
+    _add_hw_commands(sub)
+    return parser
 
+
+def _add_demo_command(sub) -> None:
+    """demo: a zoo CNN end to end, or the hand-written GEMM."""
     p = sub.add_parser("demo", help="build a small CNN, quantize, compile, simulate and check "
                                     "it against onnxruntime (--gemm: a hand-written GEMM)")
     _config_arg(p)
@@ -425,47 +434,57 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", metavar="FILE", help="write a Perfetto/Chrome trace JSON")
     p.set_defaults(func=_cmd_demo)
 
-    def model_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("model", help="an ONNX model (compiled first) or a compiled .tsr file")
-        p.add_argument("--config", "--target", dest="config", default=DEFAULT_PRESET,
-                       help=f"config to compile for (default {DEFAULT_PRESET}; a .tsr has its "
-                            "own)")
-        p.add_argument("--calibration", nargs="+", metavar="FILE",
-                       help="calibration samples for a float model: .npz files whose arrays "
-                            "(named as the inputs) stack samples on the first axis")
-        p.add_argument("--random-calibration", type=int, metavar="N",
-                       help="calibrate on N random normal samples (for trying things out)")
-        p.add_argument("--input-shape", nargs="+", metavar="NAME=D0,D1,...",
-                       help="fix dynamic input dimensions")
-        p.add_argument("--force-cpu", nargs="+", metavar="NODE", help="keep nodes on the CPU")
 
-    def run_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--inputs", nargs="+", metavar="FILE",
-                       help="inputs: .npz files (arrays named as the inputs) or NAME=FILE.npy "
-                            "(default: random)")
-        p.add_argument("--backend", default="sim", choices=("sim", "rtl", "pynq"))
-        p.add_argument("--bitstream", help="pynq: the .bit file (its .hwh beside it)")
-        p.add_argument("--seed", type=int, default=0, help="seed of random inputs")
+def _model_args(p: argparse.ArgumentParser) -> None:
+    """The arguments of every command that takes a model."""
+    p.add_argument("model", help="an ONNX model (compiled first) or a compiled .tsr file")
+    p.add_argument("--config", "--target", dest="config", default=DEFAULT_PRESET,
+                   help=f"config to compile for (default {DEFAULT_PRESET}; a .tsr has its "
+                        "own)")
+    p.add_argument("--calibration", nargs="+", metavar="FILE",
+                   help="calibration samples for a float model: .npz files whose arrays "
+                        "(named as the inputs) stack samples on the first axis")
+    p.add_argument("--random-calibration", type=int, metavar="N",
+                   help="calibrate on N random normal samples (for trying things out)")
+    p.add_argument("--input-shape", nargs="+", metavar="NAME=D0,D1,...",
+                   help="fix dynamic input dimensions")
+    p.add_argument("--force-cpu", nargs="+", metavar="NODE", help="keep nodes on the CPU")
 
+
+def _run_args(p: argparse.ArgumentParser) -> None:
+    """The arguments of every command that runs a model."""
+    p.add_argument("--inputs", nargs="+", metavar="FILE",
+                   help="inputs: .npz files (arrays named as the inputs) or NAME=FILE.npy "
+                        "(default: random)")
+    p.add_argument("--backend", default="sim", choices=("sim", "rtl", "pynq"))
+    p.add_argument("--bitstream", help="pynq: the .bit file (its .hwh beside it)")
+    p.add_argument("--seed", type=int, default=0, help="seed of random inputs")
+
+
+def _add_model_commands(sub) -> None:
+    """compile, run, profile: a model in, a compiled model, outputs or a profile out."""
     p = sub.add_parser("compile", help="compile an ONNX model into a .tsr file")
-    model_args(p)
+    _model_args(p)
     p.add_argument("-o", "--output", help="output file (default: the model with .tsr)")
     p.set_defaults(func=_cmd_compile)
 
     p = sub.add_parser("run", help="run a model and write its outputs (.npz)")
-    model_args(p)
-    run_args(p)
+    _model_args(p)
+    _run_args(p)
     p.add_argument("-o", "--output", metavar="FILE.npz", help="write the outputs")
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("profile", help="run a model and print its per-layer profile")
-    model_args(p)
-    run_args(p)
+    _model_args(p)
+    _run_args(p)
     p.add_argument("--timeline", metavar="PNG", help="write a timeline of the queues (sim)")
     p.add_argument("--trace", metavar="FILE", help="write a Perfetto trace JSON (sim)")
     p.add_argument("--json", action="store_true", help="print the profile as JSON")
     p.set_defaults(func=_cmd_profile)
 
+
+def _add_program_commands(sub) -> None:
+    """isa, asm, disasm, sim: the instruction set and hand-written programs."""
     p = sub.add_parser("isa", help="print the instruction encoding table of a config")
     _config_arg(p)
     p.set_defaults(func=_cmd_isa)
@@ -489,6 +508,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dump", metavar="FILE", help="write the final DRAM image")
     p.set_defaults(func=_cmd_sim)
 
+
+def _add_hw_commands(sub) -> None:
+    """hw verilog, hw resources, hw bitstream."""
     hw = sub.add_parser("hw", help="hardware: Verilog export, resource estimates and "
                                    "bitstreams")
     hw_sub = hw.add_subparsers(dest="hw_command", required=True, metavar="HW_COMMAND")
@@ -515,7 +537,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--install", metavar="DIR", help="install the bitstream of a project folder "
                                                    "Vivado ran elsewhere instead of building")
     p.set_defaults(func=_cmd_hw_bitstream)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

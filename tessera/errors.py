@@ -99,7 +99,7 @@ class CompileError(TesseraError, ValueError):
 
 
 class VerificationError(CompileError):
-    """A program that violates the dependency-token discipline (``tessera.compiler.verify``).
+    """A program that violates the dependency-token discipline (``tessera.compiler.accel.verify``).
 
     ``index`` is the instruction index to blame, when there is one.
     """

@@ -10,7 +10,7 @@ from tessera.config import HwConfig
 def rtl_sim(config: HwConfig):
     """A long-lived Verilator model of ``config``'s accelerator (buffers keep their
     contents from run to run, as on a board)."""
-    from tessera.hw.rtlsim import RtlSim
+    from tessera.hw.harness.rtlsim import RtlSim
 
     return RtlSim(config)
 

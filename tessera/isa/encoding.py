@@ -19,6 +19,7 @@ import numpy as np
 from ..config import HwConfig
 from ..errors import ConfigError, EncodingError, MalformedInstructionError
 from ..regmap import ErrorCode
+from .intrinsics import ALU_OP_BITS
 from .instructions import (DEP_FLAGS, INSTRUCTION_CLASSES, Instruction, Load, MemType, Opcode, Store,
                            Uop)
 
@@ -35,8 +36,6 @@ PAD_BITS = 4
 #: The LOAD's ``pad_value``, the fill of the pads (signed, sign-extended to each lane):
 #: an 8-bit quantization zero point, whatever the buffers' widths.
 PAD_VALUE_BITS = 8
-#: 16 ALU opcodes; the built-ins use 0..7, the rest is free for extensions.
-ALU_OP_BITS = 4
 #: The ALU immediate takes the bits left in the word, at most this many.
 IMM_MAX_BITS = 32
 #: Below this the immediate is too narrow to be useful: the config is rejected.

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import ClassVar
 
+from .intrinsics import ALU_OPS
+
 
 class Opcode(IntEnum):
     """Instruction kinds. Codes 5..7 are reserved for new kinds."""
@@ -194,7 +196,6 @@ class Alu(_LoopInsn):
 
     @property
     def label(self) -> str:
-        from .intrinsics import ALU_OPS  # late: the registry imports this module
         op = ALU_OPS.get(self.alu_op)
         return f"ALU {op.name if op else f'op{self.alu_op}'}"
 

@@ -26,6 +26,10 @@ import numpy as np
 from ..errors import RegistryError
 from . import requant
 
+#: 16 ALU opcodes; the built-ins use 0..7, the rest is free for extensions. The registry
+#: owns the opcode space; the encoding sizes the ``alu_op`` field from it.
+ALU_OP_BITS = 4
+
 Semantics = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
@@ -182,8 +186,6 @@ class IntrinsicRegistry:
         finally:
             self.unregister(op.name)
 
-
-from .encoding import ALU_OP_BITS  # noqa: E402  (encoding does not import this module)
 
 #: The tensor ALU's registry.
 ALU_OPS = IntrinsicRegistry("ALU", ALU_OP_BITS)

@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import HealthCheck, settings
 
 from tessera.compiler import compile_ops, verify_dram_plan, verify_program
-from tessera.compiler.roofline import op_roofline
+from tessera.compiler.accel.roofline import op_roofline
 from tessera.config import PRESETS
 
 TINY = PRESETS["tiny"]

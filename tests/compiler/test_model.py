@@ -12,16 +12,16 @@ from onnx import TensorProto, helper
 
 import tessera
 from tessera.compiler import zoo
-from tessera.compiler.check import int8_agreement, output_scales, reference_outputs
+from tessera.compiler.golden.check import int8_agreement, output_scales, reference_outputs
 from tessera.compiler.model import CompiledModel
-from tessera.compiler.partition import HostCost
-from tessera.compiler.qdq import OPS as FUSED_OPS
+from tessera.compiler.placement.cost import HostCost
+from tessera.compiler.frontend.qdq import OPS as FUSED_OPS
 from tessera.errors import CompileError, ProgramFileError, TesseraError
 from tessera.modelfile import FORMAT_VERSION, MAGIC
 from tessera.errors import RunError
 from tessera.runtime.executor import Model
 
-from ..programs import RTL_CONFIGS, device
+from tests.programs import RTL_CONFIGS, device
 
 
 def _compile(name: str, config: str = "pynq", **options) -> tuple[Model, dict]:

@@ -41,7 +41,7 @@ def _gemm_program(cfg):
 # ------------------------------------------------------- Amaranth simulator tier
 @pytest.mark.parametrize("name", ["gemm", "random"])
 def test_amaranth_simulation_agrees_with_simulator(name):
-    from tessera.hw.amaranth_sim import run_program
+    from tessera.hw.harness.amaranth_sim import run_program
 
     if name == "gemm":
         program = _gemm_program(TINY)

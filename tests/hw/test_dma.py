@@ -17,8 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tessera.config import PRESETS, HwConfig
-from tessera.hw.axi_dram import AxiDram, AxiEvent
-from tessera.hw.dma import DmaReader, DmaWriter
+from tessera.hw.harness.axi_dram import AxiDram, AxiEvent
+from tessera.hw.dma import DmaReader
+from tessera.hw.dma_writer import DmaWriter
 from tessera.isa import Load, MemType, Opcode, Store, get_isa
 from tessera.regmap import ErrorCode
 from tessera.timing import DMA_SETUP_CYCLES, dma_cost

@@ -1,0 +1,313 @@
+"""Lowering the fused integer nodes of :mod:`..frontend.qdq` to accelerator operators (:mod:`.ops`).
+
+Each ``tessera``-domain node becomes one operator computing onnxruntime's integer result
+on the stored int8 values:
+
+* ``QConv`` -> :class:`~.ops.Conv2d`. The input zero point is folded into the bias
+  (``bias - x_zp * sum(w)`` per output channel) and the padding holds ``x_zp``
+  (LOAD's ``pad_value``), so every output, borders included, equals
+  ``sum((x - x_zp) * w) + bias``; then onnxruntime's requantization
+  (:func:`~.ops.requantize`) clamped to ``[y_min, y_max]``. Bit-exact.
+* ``QGemm`` -> :class:`~.ops.Dense` the same way (no padding). A QGemm reading a
+  ``Flatten`` of an image is first rewritten into a QConv whose kernel covers the image
+  (:func:`convert_flattened_gemms`), which the accelerator runs without a host round
+  trip.
+* ``QMaxPool`` -> :class:`~.ops.Pool2d` ``max`` (padding never wins, as in onnxruntime).
+* ``QGlobalAveragePool`` -> a depthwise :class:`~.ops.Conv2d` of ones over the whole
+  image: ``acc = sum(x) - x_zp * HW`` exactly in int32 and onnxruntime's requantization
+  with ``s = f32(x_scale / f32(y_scale * HW))``. Bit-exact.
+* ``QAdd`` (MLAS computes it in float32) in fixed point: ``y = (A*a + B*b + F) >> k``
+  with ``A, B`` the ratios ``a_scale / y_scale``, ``b_scale / y_scale`` scaled by
+  ``2**k`` (``k`` as large as int32 allows, about 22 bits) and ``A, B, F`` chosen so that
+  every one of the 65,536 int8 operand pairs gives MLAS's float32 result
+  (:func:`qlinear_add`): bit-exact. When one operand is the output of a
+  convolution read by nothing else, the add is fused into that convolution's epilogue
+  (:class:`~.ops.Mul` and a scaled :class:`~.ops.Residual`); otherwise it is an
+  :class:`~.ops.Eltwise`.
+
+:func:`accel_unsupported_reason` says why a node cannot run on the accelerator (``None``
+when it can), without building anything.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import lru_cache
+
+import numpy as np
+
+from tessera.config import HwConfig
+from tessera.errors import CompileError
+from tessera.isa import get_isa
+from tessera.isa.requant import requant_scale
+
+from ..frontend.graph import Graph, Node
+from .ops import (INT32_MAX, INT32_MIN, AddConst, Clip, Conv2d, Dense, Eltwise, Mul, Op, Pool2d,
+                  Residual, Shift, Stage, requantize)
+from ..frontend.qdq import DOMAIN
+from ..frontend.qlinear import qlinear_add_coefficients, qlinear_add_reference
+
+__all__ = ["accel_unsupported_reason", "convert_flattened_gemms", "fuse_add_into_conv",
+           "lower_node", "qlinear_add"]
+
+#: Largest fixed-point fraction for QAdd (k <= 30 keeps 2**(k-1) an int32 immediate).
+_MAX_ADD_FRACTION = 30
+
+
+# ------------------------------------------------------------------------ graph rewrite
+def convert_flattened_gemms(graph: Graph) -> int:
+    """Rewrite ``QGemm(Flatten(x))`` with a 4-D ``x`` into ``Flatten(QConv(x))``.
+
+    The convolution's kernel covers the whole ``H x W`` image (``w.reshape(O, C, H, W)``
+    matches Flatten's C-order), so the accelerator computes the dense layer on the image
+    as it is stored, with no host-side flatten between two accelerator ops. Returns the
+    number of rewrites.
+    """
+    count = 0
+    for gemm in [n for n in graph.nodes if n.domain == DOMAIN and n.op == "QGemm"]:
+        flatten = graph.producer(gemm.inputs[0])
+        if flatten is None or flatten.op != "Flatten" or flatten.attr("axis", 1) != 1:
+            continue
+        x = graph.value(flatten.inputs[0])
+        if len(x.shape) != 4 or len(graph.consumers(flatten.outputs[0])) != 1:
+            continue
+        n, c, h, w = x.shape
+        weight = graph.value(gemm.inputs[1]).data
+        w_name = graph.unique_name(f"{gemm.inputs[1]}.as_conv")
+        graph.add_const(w_name, np.ascontiguousarray(weight.reshape(-1, c, h, w)))
+        y = gemm.outputs[0]
+        o = weight.shape[0]
+        image = graph.unique_name(f"{y}.image")
+        graph.add_value(image, (n, o, 1, 1), graph.value(y).dtype)
+        index = next(i for i, node in enumerate(graph.nodes) if node is gemm)
+        graph.add_node("QConv", [x.name, w_name, *gemm.inputs[2:]], [image],
+                       name=graph.unique_name(f"{gemm.name}.conv"), index=index, domain=DOMAIN,
+                       **gemm.attrs, strides=[1, 1], pads=[0, 0, 0, 0], dilations=[1, 1],
+                       group=1)
+        graph.add_node("Flatten", [image], [y], name=graph.unique_name(f"{gemm.name}.flatten"),
+                       index=index + 1, axis=1)
+        graph.remove_nodes([gemm, flatten])
+        graph.values.pop(flatten.outputs[0], None)
+        count += 1
+    return count
+
+
+# ------------------------------------------------------------------------ support check
+def accel_unsupported_reason(graph: Graph, node: Node, config: HwConfig) -> str | None:
+    """Why ``node`` cannot run on the accelerator of ``config`` (``None``: it can)."""
+    if node.domain != DOMAIN:
+        return (f"{node.op} is not an integer op of the accelerator (only quantized conv, "
+                "dense, add, max and global average pooling are)")
+    dtypes = {graph.value(t).dtype for t in [*node.inputs[:1], *node.outputs]}
+    if node.op == "QAdd":
+        dtypes |= {graph.value(node.inputs[1]).dtype}
+    if dtypes != {"int8"} or config.inp_width != 8 or config.out_width != 8:
+        return (f"the accelerator computes on int8 activations ({config.name!r}: "
+                f"{config.inp_width}-bit inputs, {config.out_width}-bit outputs), this node has "
+                f"{'/'.join(sorted(dtypes))}")
+    shape = graph.value(node.inputs[0]).shape
+    if node.op == "QConv":
+        pad_max = get_isa(config).layouts[0].field("y_pad_0").hi
+        if max(node.attrs["pads"]) > pad_max:
+            return f"padding {max(node.attrs['pads'])} exceeds the load DMA's {pad_max}"
+    elif node.op == "QGemm":
+        if len(shape) != 2:
+            return f"a dense layer needs a 2-D input, not {list(shape)}"
+    elif node.op == "QMaxPool":
+        if list(node.attrs["dilations"]) != [1, 1] or node.attrs["ceil_mode"]:
+            return "max pooling with dilation or ceil_mode is not lowered"
+        if any(p >= k for p, k in zip(node.attrs["pads"], node.attrs["kernel_shape"] * 2)):
+            return "a pooling window would see only padding"
+    elif node.op == "QAdd":
+        if graph.value(node.inputs[1]).shape != shape:
+            return "QAdd operands differ in shape"
+        try:
+            _qadd_parts(node)
+        except CompileError as exc:
+            return str(exc)
+    if len(shape) == 4 and shape[0] % config.batch and shape[0] > config.batch:
+        return f"batch {shape[0]} is not a multiple of the config's {config.batch}"
+    return None
+
+
+# ------------------------------------------------------------------------ lowering
+def lower_node(graph: Graph, node: Node, config: HwConfig) -> Op:
+    """The accelerator operator computing ``node`` (see the module doc)."""
+    reason = accel_unsupported_reason(graph, node, config)
+    if reason is not None:
+        raise CompileError(f"{node.op} node {node.name!r} cannot run on the accelerator: "
+                           f"{reason}", op=node.name)
+    return _LOWERINGS[node.op](graph, node)
+
+
+def _output_stages(node: Node, scale: np.ndarray | float, bias: np.ndarray | None
+                   ) -> tuple[Stage, ...]:
+    a = node.attrs
+    return requantize(scale, int(a["y_zero_point"]), bias=bias,
+                      qmin=int(a.get("y_min", -128)), qmax=int(a.get("y_max", 127)))
+
+
+def _folded_bias(graph: Graph, node: Node, weight: np.ndarray) -> np.ndarray:
+    """``bias - x_zp * sum(w)`` per output channel, wrapped to int32 like the sums."""
+    bias = graph.value(node.inputs[2]).data.astype(np.int64) if len(node.inputs) > 2 \
+        and node.inputs[2] else np.zeros(weight.shape[0], np.int64)
+    sums = weight.reshape(weight.shape[0], -1).astype(np.int64).sum(axis=1)
+    folded = bias - int(node.attrs["x_zero_point"]) * sums
+    return ((folded + (1 << 31)) % (1 << 32)) - (1 << 31)
+
+
+def _weight_scale(node: Node) -> np.ndarray:
+    a = node.attrs
+    return requant_scale(a["x_scale"], a["w_scale"], a["y_scale"])
+
+
+def _lower_qconv(graph: Graph, node: Node) -> Conv2d:
+    a = node.attrs
+    w = graph.value(node.inputs[1]).data
+    t, l, b, r = a["pads"]
+    return Conv2d(node.name, node.inputs[0], node.outputs[0], w, stride=tuple(a["strides"]),
+                  padding=(t, l, b, r), dilation=tuple(a["dilations"]), groups=int(a["group"]),
+                  pad_value=int(a["x_zero_point"]),
+                  epilogue=_output_stages(node, _weight_scale(node),
+                                          _folded_bias(graph, node, w)))
+
+
+def _lower_qgemm(graph: Graph, node: Node) -> Dense:
+    w = graph.value(node.inputs[1]).data
+    return Dense(node.name, node.inputs[0], node.outputs[0], w,
+                 epilogue=_output_stages(node, _weight_scale(node), _folded_bias(graph, node, w)))
+
+
+def _lower_qmaxpool(graph: Graph, node: Node) -> Pool2d:
+    a = node.attrs
+    return Pool2d(node.name, node.inputs[0], node.outputs[0], "max",
+                  kernel=tuple(a["kernel_shape"]), stride=tuple(a["strides"]),
+                  padding=tuple(a["pads"]))
+
+
+def _lower_qgap(graph: Graph, node: Node) -> Conv2d:
+    a = node.attrs
+    n, c, h, w = graph.value(node.inputs[0]).shape
+    f32 = np.float32
+    scale = f32(f32(a["x_scale"]) / (f32(a["y_scale"]) * f32(h * w)))
+    stages = requantize(scale, int(a["y_zero_point"]),
+                        bias=np.full(c, -int(a["x_zero_point"]) * h * w, np.int64))
+    return Conv2d(node.name, node.inputs[0], node.outputs[0], np.ones((c, 1, h, w), np.int8),
+                  groups=c, epilogue=stages)
+
+
+def qlinear_add(a_scale: float, a_zero_point: int, b_scale: float, b_zero_point: int,
+                y_scale: float, y_zero_point: int, y_min: int = -128, y_max: int = 127
+                ) -> tuple[int, tuple[Stage, ...]]:
+    """QLinearAdd in fixed point, bit-exact with MLAS: ``(A, stages)`` such that
+    ``acc = A*a``, then ``stages`` (``acc += B*b``, a constant, a shift by ``k``, the
+    clamp) give onnxruntime's result for every pair of int8 operands.
+
+    MLAS computes ``a*ra + b*rb + fixed`` in float32 with FMAs
+    (:func:`~..frontend.qlinear.qlinear_add_reference`). A fixed-point form with ``A ~ ra*2**k``,
+    ``B ~ rb*2**k`` agrees except where the float result lies within rounding noise of
+    a tie, and one such element, far upstream, changes a ResNet's logits. So all 65,536
+    operand pairs are checked: for each ``(k, A, B)`` near the nominal the offsets
+    ``F`` that reproduce every pair form an interval (each pair bounds ``F`` from both
+    sides), and the first non-empty one is taken. Raises :class:`CompileError` when
+    none exists (the add then runs on the CPU). Cached per parameter set.
+
+    The residual in the returned stages is named ``"b"``; callers rename it.
+    """
+    found = _exact_add(float(a_scale), int(a_zero_point), float(b_scale), int(b_zero_point),
+                       float(y_scale), int(y_zero_point), int(y_min), int(y_max))
+    if found is None:
+        raise CompileError("QLinearAdd: no int32 fixed-point form reproduces onnxruntime's "
+                           f"float32 result for a_scale {a_scale:g}, b_scale {b_scale:g}, "
+                           f"y_scale {y_scale:g} on every operand pair")
+    k, big_a, big_b, offset = found
+    return big_a, (Residual("b", big_b), AddConst(offset), Shift(k, rounding=False),
+                   Clip(y_min, y_max))
+
+
+#: Every pair of int8 operands (a, b).
+_PAIRS = np.stack(np.meshgrid(np.arange(-128, 128), np.arange(-128, 128)), -1).reshape(-1, 2)
+
+
+@lru_cache(maxsize=256)
+def _exact_add(a_scale: float, a_zp: int, b_scale: float, b_zp: int, y_scale: float,
+               y_zp: int, y_min: int, y_max: int) -> tuple[int, int, int, int] | None:
+    """``(k, A, B, F)`` with ``clip((A*a + B*b + F) >> k) == MLAS`` on every pair."""
+    a, b = _PAIRS[:, 0], _PAIRS[:, 1]
+    want = qlinear_add_reference(a.astype(np.int8), b.astype(np.int8), a_scale, a_zp, b_scale,
+                                 b_zp, y_scale, y_zp, y_min, y_max)
+    ra, rb, fixed = (float(v) for v in qlinear_add_coefficients(a_scale, a_zp, b_scale, b_zp,
+                                                                 y_scale, y_zp))
+    top = _MAX_ADD_FRACTION
+    while top > 0 and _add_magnitude(ra, rb, fixed, top) > INT32_MAX:
+        top -= 1
+    # A clamped result only bounds F from one side: anything at or past the clamp.
+    low_open, high_open = want <= y_min, want >= y_max
+    for k in range(top, max(top - 6, 7), -1):
+        one = 1 << k
+        for da, db in sorted(((i, j) for i in range(-2, 3) for j in range(-2, 3)),
+                             key=lambda d: abs(d[0]) + abs(d[1])):
+            big_a, big_b = round(ra * one) + da, round(rb * one) + db
+            s = big_a * a + big_b * b
+            # (s + F) >> k == want  <=>  want*2**k - s <= F <= (want+1)*2**k - 1 - s.
+            lo = np.where(low_open, np.int64(INT32_MIN), want * one - s)
+            hi = np.where(high_open, np.int64(INT32_MAX), (want + 1) * one - 1 - s)
+            f_lo, f_hi = int(lo.max()), int(hi.min())
+            if f_lo > f_hi:
+                continue
+            offset = min(max(round(fixed * one) + one // 2, f_lo), f_hi)
+            # Every partial sum the ALU forms (A*a, + B*b, + F) must fit int32.
+            if max(int(np.abs(big_a * a).max()), int(np.abs(s).max()),
+                   int(np.abs(s + offset).max())) <= INT32_MAX:
+                return k, big_a, big_b, offset
+    return None
+
+
+def _add_magnitude(ra: float, rb: float, fixed: float, k: int) -> float:
+    """Largest |acc| of the fixed-point add with ``k`` fraction bits (int8 operands)."""
+    scale = 2.0 ** k
+    return 128 * (abs(ra) + abs(rb)) * scale + abs(fixed) * scale + 2 * scale
+
+
+def _qadd_parts(node: Node) -> tuple[int, tuple[Stage, ...]]:
+    """(A, stages) of QAdd ``node``, the residual stage reading its ``b`` input."""
+    a = node.attrs
+    big_a, (res, *rest) = qlinear_add(a["a_scale"], a["a_zero_point"], a["b_scale"],
+                                      a["b_zero_point"], a["y_scale"], a["y_zero_point"],
+                                      a.get("y_min", -128), a.get("y_max", 127))
+    return big_a, (replace(res, tensor=node.inputs[1]), *rest)
+
+
+def _lower_qadd(graph: Graph, node: Node) -> Eltwise:
+    big_a, stages = _qadd_parts(node)
+    return Eltwise(node.name, "mul", node.inputs[0], node.outputs[0], big_a, stages)
+
+
+def _swapped(node: Node) -> Node:
+    """QAdd ``node`` with its operands (and their parameters) exchanged."""
+    a = dict(node.attrs)
+    for key in ("scale", "zero_point"):
+        a[f"a_{key}"], a[f"b_{key}"] = node.attrs[f"b_{key}"], node.attrs[f"a_{key}"]
+    return Node(node.op, node.name, [node.inputs[1], node.inputs[0]], list(node.outputs), a,
+                node.domain)
+
+
+def fuse_add_into_conv(conv: Conv2d | Dense, add: Node) -> Conv2d | Dense:
+    """``conv`` (writing one operand of QAdd ``add``) with the add in its epilogue: the
+    stored int8 result of the conv (exact in the accumulator after its requantization) is
+    scaled, the other operand added as a scaled residual. The fused op writes the add's
+    output."""
+    node = add if add.inputs[0] == conv.output else _swapped(add)
+    if node.inputs[0] != conv.output or node.inputs[1] == conv.output:
+        raise CompileError(f"{conv.name!r} does not write exactly one operand of "
+                           f"{add.name!r}", op=add.name)
+    big_a, stages = _qadd_parts(node)
+    fused = (*conv.epilogue, Mul(big_a), *stages)
+    if isinstance(conv, Dense):
+        return Dense(conv.name, conv.input, node.outputs[0], conv.weight, epilogue=fused)
+    return Conv2d(conv.name, conv.input, node.outputs[0], conv.weight, stride=conv.stride,
+                  padding=conv.padding, dilation=conv.dilation, groups=conv.groups,
+                  epilogue=fused, pad_value=conv.pad_value)
+
+
+_LOWERINGS = {"QConv": _lower_qconv, "QGemm": _lower_qgemm, "QMaxPool": _lower_qmaxpool,
+              "QGlobalAveragePool": _lower_qgap, "QAdd": _lower_qadd}

@@ -1,0 +1,58 @@
+"""The cost models the placement compares: the host CPU's (:class:`HostCost`, a model of
+the board's CPU) and the accelerator's (the roofline bound of the lowered operator).
+
+Models, not measurements: ``tessera profile`` measures the real figures.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tessera.config import HwConfig
+
+from ..accel.lower import lower_node
+from ..accel.roofline import op_roofline
+from ..frontend.graph import Graph, Node
+
+__all__ = ["HostCost", "accel_seconds", "node_work"]
+
+
+@dataclass(frozen=True)
+class HostCost:
+    """What the placement assumes of the host CPU and of a launch.
+
+    The defaults model the PYNQ-Z1/Z2's dual Cortex-A9 at 650 MHz: NEON does 8 int8
+    MACs per cycle at best, about 1e9 per second in practice for a convolution, and
+    moves about 1 GB/s. A launch (program and buffers to the device, start, completion
+    interrupt) costs about 100 us, plus the activation bytes over DDR.
+    """
+
+    macs_per_second: float = 1e9
+    bytes_per_second: float = 1e9
+    launch_seconds: float = 100e-6
+
+    def seconds(self, macs: int, nbytes: int) -> float:
+        """Modelled time of a CPU operator doing ``macs`` MACs and moving ``nbytes``."""
+        return macs / self.macs_per_second + nbytes / self.bytes_per_second
+
+
+def node_work(graph: Graph, node: Node) -> tuple[int, int]:
+    """``(MACs, bytes read and written)`` of a node, from its tensors' shapes."""
+    nbytes = sum(graph.value(t).size * np.dtype(graph.value(t).dtype).itemsize
+                 for t in [*node.inputs, *node.outputs] if t)
+    macs = 0
+    if node.op in ("QConv", "Conv", "ConvInteger"):
+        w = graph.value(node.inputs[1]).shape
+        macs = graph.value(node.outputs[0]).size * int(np.prod(w[1:]))
+    elif node.op in ("QGemm", "Gemm", "MatMul", "MatMulInteger"):
+        w = graph.value(node.inputs[1]).shape
+        macs = graph.value(node.outputs[0]).size * int(w[-1] if node.op == "QGemm" else w[0])
+    return macs, nbytes
+
+
+def accel_seconds(graph: Graph, node: Node, config: HwConfig) -> float:
+    """The roofline time of ``node`` lowered for ``config`` (compute or DRAM bound)."""
+    op = lower_node(graph, node, config)
+    return config.cycles_to_seconds(op_roofline(op, lambda t: graph.value(t).shape,
+                                                config).bound)

@@ -1,0 +1,130 @@
+"""Placement of every graph node on the accelerator or the host CPU, with the reason.
+
+:func:`place_nodes` decides per node, in topological order:
+
+* a view (Flatten, Reshape, Squeeze, Unsqueeze, Identity) is a host-side reshape of the
+  stored values: no data moves (``"view"``);
+* a fused integer node the accelerator supports (:func:`~..accel.lower.accel_unsupported_reason`)
+  goes to the accelerator when its estimated time there is below the CPU estimate. A
+  host round trip counts against the side that causes it: opening a new accelerator
+  segment (launch and transfer) against the accelerator, reading an accelerator result
+  on the CPU (the segment ends, the next needs a launch) against the CPU;
+* everything else runs as a CPU kernel if one exists (:mod:`..cpu.lower`); a node with
+  neither is a :class:`~tessera.errors.CompileError` naming it and saying why.
+
+The estimates are models, not measurements: the accelerator's is the roofline bound
+(:mod:`..accel.roofline`) of the lowered operator, the host's comes from
+:class:`~.cost.HostCost` (the board's CPU); both are in :mod:`.cost`. ``tessera profile`` measures the real figures.
+
+:func:`segments` groups consecutive accelerator nodes into segments: each compiles into
+one program (one launch, no host round trip between its layers).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+from tessera.config import HwConfig
+from tessera.errors import CompileError
+
+from ..cpu.lower import cpu_unsupported_reason
+from ..frontend.graph import Graph, Node
+from ..accel.lower import accel_unsupported_reason
+from .cost import HostCost, accel_seconds, node_work
+
+__all__ = ["VIEW_OPS", "Placement", "place_nodes", "segments"]
+
+#: Ops that only reinterpret a tensor's shape: a host-side view of the stored values.
+VIEW_OPS = ("Flatten", "Reshape", "Squeeze", "Unsqueeze", "Identity")
+
+
+@dataclass
+class Placement:
+    """Where one node runs, why, and the estimates the decision compared."""
+
+    node: str
+    op: str
+    target: str                       # "accelerator", "cpu" or "view"
+    reason: str
+    accel_seconds: float | None = None
+    cpu_seconds: float | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Placement":
+        return cls(**d)
+
+
+def place_nodes(graph: Graph, config: HwConfig, *, host: HostCost = HostCost(),
+                force_cpu: Sequence[str] = ()) -> list[Placement]:
+    """A :class:`Placement` for every node of ``graph`` (see the module doc).
+
+    ``force_cpu`` names nodes to keep off the accelerator (e.g. to compare backends).
+    """
+    unknown = set(force_cpu) - {n.name for n in graph.nodes}
+    if unknown:
+        raise CompileError(f"force_cpu names nodes that are not in the graph: "
+                           f"{sorted(unknown)}")
+    placements: list[Placement] = []
+    produced_on_accel: set[str] = set()
+    for node in graph.nodes:
+        if node.op in VIEW_OPS and not node.domain:
+            placements.append(Placement(node.name, node.op, "view",
+                                        "a reshape of the stored values (no data moves)"))
+            continue
+        macs, nbytes = node_work(graph, node)
+        cpu_reason = cpu_unsupported_reason(graph, node)
+        cpu_s = None
+        if cpu_reason is None:
+            cpu_s = host.seconds(macs, nbytes)
+            # Reading accelerator results ends its program: the host waits for it, and
+            # the accelerator ops after this one need a launch of their own.
+            if any(t in produced_on_accel for t in node.inputs):
+                cpu_s += host.launch_seconds
+        accel_reason = ("kept on the CPU by force_cpu" if node.name in force_cpu
+                        else accel_unsupported_reason(graph, node, config))
+        if accel_reason is None:
+            acc_s = accel_seconds(graph, node, config)
+            # Reading host tensors means a launch of its own (unless a segment is open).
+            opens_segment = not any(t in produced_on_accel for t in node.inputs)
+            moved = sum(graph.value(t).size for t in node.inputs
+                        if t and not graph.value(t).is_const)
+            cost = acc_s + (host.launch_seconds + moved / host.bytes_per_second
+                            if opens_segment else 0.0)
+            if cpu_s is None or cost <= cpu_s:
+                why = (f"estimated {_ms(cost)} on the accelerator"
+                       + (f" vs {_ms(cpu_s)} on the CPU" if cpu_s is not None else
+                          f"; no CPU kernel ({cpu_reason})"))
+                placements.append(Placement(node.name, node.op, "accelerator", why, acc_s,
+                                            cpu_s))
+                produced_on_accel.update(node.outputs)
+                continue
+            placements.append(Placement(node.name, node.op, "cpu",
+                                        f"estimated {_ms(cpu_s)} on the CPU vs {_ms(cost)} on "
+                                        "the accelerator", acc_s, cpu_s))
+            continue
+        if cpu_reason is not None:
+            raise CompileError(f"{node.op} node {node.name!r} can run neither on the accelerator "
+                               f"({accel_reason}) nor on the CPU ({cpu_reason})",
+                               op=node.name)
+        placements.append(Placement(node.name, node.op, "cpu", accel_reason, None, cpu_s))
+    return placements
+
+
+def segments(graph: Graph, placements: Sequence[Placement]) -> list[list[Node]]:
+    """Runs of consecutive accelerator nodes (in graph order): one program each."""
+    runs: list[list[Node]] = []
+    previous = None
+    for node, place in zip(graph.nodes, placements):
+        if place.target == "accelerator":
+            if previous != "accelerator":
+                runs.append([])
+            runs[-1].append(node)
+        previous = place.target
+    return runs
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms"

@@ -1,0 +1,65 @@
+"""Verilog export of the accelerator, with the port names Vivado's IP integrator infers.
+
+The top module ``tessera_top`` has ``aclk``, ``aresetn`` (active low),
+``interrupt``, the AXI4-Lite slave ``s_axi_control_*`` and the AXI4 masters
+``m_axi_p<k>_*``; :func:`tessera.regmap.describe` documents them in JSON.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from amaranth.back import verilog as amaranth_verilog
+from amaranth.hdl import ClockDomain, ClockSignal, Elaboratable, Module, ResetSignal, Signal
+from amaranth.lib import wiring
+
+from tessera.config import HwConfig
+from tessera.regmap import describe
+
+from ..accelerator import Accelerator
+
+TOP_NAME = "tessera_top"
+
+
+class _Top(Elaboratable):
+    """Flat, explicitly named ports around :class:`Accelerator` in its own clock domain."""
+
+    def __init__(self, config: HwConfig) -> None:
+        self.core = Accelerator(config)
+        self.aclk = Signal(name="aclk")
+        self.aresetn = Signal(name="aresetn")
+        self.flat: list[tuple[Signal, Signal, bool]] = []   # (top port, core signal, is output)
+        for path, member, value in self.core.signature.flatten(self.core):
+            name = "_".join(str(part) for part in path)
+            self.flat.append((Signal(len(value), name=name), value, member.flow == wiring.Out))
+
+    @property
+    def ports(self) -> list[Signal]:
+        return [self.aclk, self.aresetn] + [port for port, _, _ in self.flat]
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        m.domains.sync = ClockDomain("sync")
+        m.d.comb += [ClockSignal("sync").eq(self.aclk), ResetSignal("sync").eq(~self.aresetn)]
+        m.submodules.core = self.core
+        for port, value, is_output in self.flat:
+            m.d.comb += port.eq(value) if is_output else value.eq(port)
+        return m
+
+
+def verilog(config: HwConfig) -> str:
+    """The Verilog of the accelerator for ``config`` (top module ``tessera_top``)."""
+    top = _Top(config)
+    return amaranth_verilog.convert(top, name=TOP_NAME, ports=top.ports,
+                                    emit_src=False, strip_internal_attrs=True)
+
+
+def write(config: HwConfig, directory: str | Path) -> list[Path]:
+    """Write ``tessera_top.v`` and ``tessera_top.json`` (register map and ports) to ``directory``."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    v = out / f"{TOP_NAME}.v"
+    v.write_text(verilog(config))
+    j = out / f"{TOP_NAME}.json"
+    j.write_text(json.dumps({"top": TOP_NAME, **describe(config)}, indent=2) + "\n")
+    return [v, j]
