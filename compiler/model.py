@@ -9,7 +9,8 @@ passes of one folder (docs/architecture.md):
    reference) from ``calibration`` samples;
 2. :func:`fuse_integer_nodes` (``frontend/``): :func:`~.frontend.passes.remove_identity`,
    :func:`~.frontend.passes.fold_batch_norm`, :func:`~.frontend.qdq.fuse_qdq` (integer
-   nodes), :func:`~.accel.lower.convert_flattened_gemms`;
+   nodes), :func:`~.frontend.qlookup.tabulate_quantized_activations`,
+   :func:`~.accel.lower.convert_flattened_gemms`;
 3. :func:`place_and_compile` (``placement/``): :func:`~.placement.partition.place_nodes`
    (accelerator, CPU or view, with the reason, from the cost models of
    :mod:`.placement.cost`) and :func:`~.placement.partition.segments`;
@@ -26,14 +27,14 @@ with numpy alone. :mod:`tessera.runtime.executor` runs it.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, Union
 
 import numpy as np
 
 from tessera.config import HwConfig, get_config
-from tessera.errors import CompileError, ProgramFileError
+from tessera.errors import CLI, PYTHON, CompileError, ProgramFileError
 from tessera.modelfile import ModelFile
 
 from .accel.build import CompiledProgram, compile_ops
@@ -255,24 +256,62 @@ def import_quantized(model: Any, input_shapes, calibration, report: Progress):
     if is_quantized(graph):
         return graph, to_onnx(graph)
     if calibration is None:
-        raise CompileError(f"model {graph.name!r} is a float model: pass calibration=[{{input "
-                           "name: array}, ...]] (a few representative inputs) to quantize "
-                           "it to int8, or give an int8 QDQ model")
+        raise CompileError(f"model {graph.name!r} is a float model", fix={
+            PYTHON: "pass calibration=[{input name: array}, ...] (a few representative "
+                    "inputs) to quantize it to int8, or give an int8 QDQ model",
+            CLI: "give --calibration FILE.npz (arrays named as the inputs: one sample or a "
+                 "stack of samples) or --random-calibration N to quantize it to int8, or "
+                 "give an int8 QDQ model"})
     report("quantize", 0, 1)
     reference = quantize_static(to_onnx(graph), calibration)
+    _name_after_user_nodes(reference, graph)
     return import_onnx(reference, input_shapes), reference
+
+
+def _name_after_user_nodes(quantized, graph) -> None:
+    """Name the unnamed nodes of ``quantized`` after the node of the user's ``graph`` they
+    come from: onnxruntime's pre-processing writes some without names (it inlines function
+    ops, e.g. a HardSwish as HardSigmoid and Mul), which the import would otherwise name
+    by their place in the quantized model (``HardSigmoid_7``), naming nothing the user
+    wrote. Such a node is named ``<user node>/<op>``, the user node being the one that
+    wrote the first tensor, downstream, that the user's graph also has."""
+    writer = {t: node.name for node in graph.nodes for t in node.outputs}
+    readers: dict[str, list] = {}
+    for node in quantized.graph.node:
+        for t in node.input:
+            readers.setdefault(t, []).append(node)
+    taken = {node.name for node in quantized.graph.node}
+    for node in quantized.graph.node:
+        if node.name:
+            continue
+        frontier, seen, source = list(node.output), set(), None
+        while frontier and source is None:
+            t = frontier.pop(0)
+            source = writer.get(t)
+            if t not in seen:
+                seen.add(t)
+                frontier += [o for r in readers.get(t, ()) for o in r.output]
+        base = f"{source or graph.name}/{node.op_type}"
+        name, k = base, 1
+        while name in taken:
+            name, k = f"{base}_{k}", k + 1
+        node.name = name
+        taken.add(name)
 
 
 def fuse_integer_nodes(graph) -> None:
     """Stage 2 (frontend passes): identities out, batch norms folded, QDQ patterns fused
-    into integer nodes, flattened Gemms converted; the graph verified."""
+    into integer nodes, quantized activations into lookup tables, flattened Gemms
+    converted; the graph verified."""
     from .accel.lower import convert_flattened_gemms
     from .frontend.passes import fold_batch_norm, remove_identity
     from .frontend.qdq import fuse_qdq
+    from .frontend.qlookup import tabulate_quantized_activations
 
     remove_identity(graph)
     fold_batch_norm(graph)
     fuse_qdq(graph)
+    tabulate_quantized_activations(graph)
     convert_flattened_gemms(graph)
     graph.remove_unused()
     graph.verify()
@@ -284,19 +323,21 @@ def place_and_compile(graph, config: HwConfig, host, force_cpu: Sequence[str],
 
     A node the accelerator supports but whose tensors do not fit the config's buffers
     (e.g. too many channels' parameters for a small accumulator) falls back to the CPU and
-    the placement says so.
+    the placement says so. Only what the fallback changed is compiled again: segments and
+    CPU steps are kept by their nodes across the retries.
     """
     from .placement.partition import place_nodes
 
     report("place", 0, 1)
     misfits: dict[str, str] = {}
+    compiled = _StepCache()
     while True:
         placements = place_nodes(graph, config, host=host, force_cpu=[*force_cpu, *misfits])
         for p in placements:
             if p.node in misfits:
                 p.reason = misfits[p.node]
         try:
-            steps, runs = _compile_steps(graph, placements, config, report)
+            steps, runs = _compile_steps(graph, placements, config, report, compiled)
             return placements, steps, runs
         except CompileError as exc:
             on_accel = {p.node for p in placements if p.target == "accelerator"}
@@ -310,7 +351,18 @@ def _signatures(graph, names: Sequence[str]) -> list[TensorSig]:
     return [TensorSig(n, graph.value(n).shape, graph.value(n).dtype) for n in names]
 
 
-def _compile_steps(graph, placements, config: HwConfig, report: Progress):
+@dataclass
+class _StepCache:
+    """What :func:`_compile_steps` compiled, by the nodes it came from: a segment's program
+    depends only on its nodes (its outputs are the tensors read after its last node), a
+    CPU node's steps only on the node."""
+
+    segments: dict[tuple[str, ...], AccelStep] = field(default_factory=dict)
+    cpu: dict[str, list] = field(default_factory=dict)
+
+
+def _compile_steps(graph, placements, config: HwConfig, report: Progress,
+                   cache: _StepCache):
     """The steps of a placed graph: a program per accelerator segment, CPU kernels for the
     other nodes, in graph order."""
     from .cpu.lower import lower_node_to_cpu
@@ -329,14 +381,21 @@ def _compile_steps(graph, placements, config: HwConfig, report: Progress):
     run_of = {node.name: k for k, run in enumerate(runs) for node in run}
     emitted: set[int] = set()
     for node in graph.nodes:
-        if target[node.name] == "accelerator":
-            k = run_of[node.name]
-            if k not in emitted:
-                emitted.add(k)
-                steps.append(_compile_segment(graph, runs[k], f"accel{k}", config, readers,
-                                              on_op))
+        if target[node.name] != "accelerator":
+            if node.name not in cache.cpu:
+                cache.cpu[node.name] = lower_node_to_cpu(graph, node)
+            steps.extend(cache.cpu[node.name])
+            continue
+        k = run_of[node.name]
+        if k in emitted:
+            continue
+        emitted.add(k)
+        key = tuple(n.name for n in runs[k])
+        if key not in cache.segments:
+            cache.segments[key] = _compile_segment(graph, runs[k], config, readers, on_op)
         else:
-            steps.extend(lower_node_to_cpu(graph, node))
+            done[0] += len(key)
+        steps.append(replace(cache.segments[key], name=f"accel{k}"))
     return steps, runs
 
 
@@ -351,8 +410,8 @@ def _readers_after(graph) -> dict[str, list[int]]:
     return readers
 
 
-def _compile_segment(graph, nodes, name: str, config: HwConfig,
-                     readers: dict[str, list[int]], on_op) -> AccelStep:
+def _compile_segment(graph, nodes, config: HwConfig, readers: dict[str, list[int]],
+                     on_op) -> AccelStep:
     """Lower a run of accelerator nodes, fuse residual adds, compile one program."""
     from .accel.lower import fuse_add_into_conv, lower_node
     ops: list[Op] = []
@@ -379,7 +438,7 @@ def _compile_segment(graph, nodes, name: str, config: HwConfig,
     program = compile_ops(ops, {t: shapes[t] for t in inputs}, config, outputs=list(outputs),
                           on_op=on_op)
     layers = [_layer_info(op, members[op.name], program, graph) for op in ops]
-    return AccelStep(name, program, inputs, outputs, layers, shapes)
+    return AccelStep("", program, inputs, outputs, layers, shapes)
 
 
 def _fuse_add(graph, add, ops: list[Op], readers: dict[str, list[int]]):

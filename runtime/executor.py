@@ -106,11 +106,16 @@ class Model:
         """Run the model; returns ``({output name: array}, profile)``.
 
         ``inputs`` maps input names to arrays of the model's shapes and dtypes (a single
-        array for a one-input model). ``device`` overrides ``backend`` with an open
-        device of the model's config. ``progress(segment, cycles, estimate)`` is called
-        while an accelerator segment runs (``estimate``: the sum of its layers' roofline
-        bounds).
+        array for a one-input model); a list or tuple is refused rather than matched to
+        the inputs by position, since it reads as well as a batch of feeds. ``device``
+        overrides ``backend`` with an open device of the model's config.
+        ``progress(segment, cycles, estimate)`` is called while an accelerator segment
+        runs (``estimate``: the sum of its layers' roofline bounds).
         """
+        if device is not None and not isinstance(device, Device):
+            raise RunError(f"device is a {type(device).__name__}, not a Device: pass "
+                           "model.device(backend) or one from tessera.runtime.open_device, "
+                           "or only backend=")
         dev = device if device is not None else self.device(backend)
         if dev.config != self.config:
             raise DeviceError(f"the model was compiled for config {self.config.name!r}, the "
@@ -141,31 +146,45 @@ class Model:
         return {t.name: env[t.name] for t in self.outputs}, profile
 
     def _checked_inputs(self, inputs) -> dict[str, np.ndarray]:
+        """``inputs`` as ``{input name: contiguous array}``, or :class:`RunError` saying
+        what is wrong with them (the container, a name, a shape, a dtype, a value)."""
         sigs = self.inputs
+        names = [t.name for t in sigs]
+        example = "{" + ", ".join(f"{n!r}: array" for n in names) + "}"
         if isinstance(inputs, np.ndarray):
             if len(sigs) != 1:
-                raise RunError(f"the model has {len(sigs)} inputs "
-                               f"({', '.join(t.name for t in sigs)}): pass a dict")
+                raise RunError(f"the model has {len(sigs)} inputs ({', '.join(names)}): "
+                               f"pass {example}")
             inputs = {sigs[0].name: inputs}
-        unknown = set(inputs) - {t.name for t in sigs}
+        if not isinstance(inputs, Mapping):
+            raise RunError(f"inputs is a {type(inputs).__name__}; pass a dict of input name "
+                           f"to array, {example}" + (
+                               " (or the array itself: the model has one input)"
+                               if len(sigs) == 1 else ""))
+        unknown = set(inputs) - set(names)
         if unknown:
-            raise RunError(f"unknown input(s) {sorted(unknown)}; the model's inputs are "
-                           f"{[t.name for t in sigs]}")
-        env = {}
-        for t in sigs:
-            if t.name not in inputs:
-                raise RunError(f"input {t.name!r} ({t.dtype}{list(t.shape)}) was not given")
+            raise RunError(f"unknown input(s) {sorted(map(str, unknown))}; the model's inputs "
+                           f"are {names}")
+        return {t.name: self._checked_input(t, inputs) for t in sigs}
+
+    @staticmethod
+    def _checked_input(t, inputs: Mapping) -> np.ndarray:
+        """Input ``t`` (a :class:`TensorSig`) from ``inputs``, checked against it."""
+        if t.name not in inputs:
+            raise RunError(f"input {t.name!r} ({t.dtype}{list(t.shape)}) was not given")
+        try:
             x = np.asarray(inputs[t.name])
-            if x.shape != tuple(t.shape):
-                raise RunError(f"input {t.name!r} has shape {list(x.shape)}, the model was "
-                               f"compiled for {list(t.shape)}")
-            if x.dtype != np.dtype(t.dtype):
-                raise RunError(f"input {t.name!r} has dtype {x.dtype}, the model expects "
-                               f"{t.dtype} (convert it with .astype(np.{t.dtype}))")
-            if x.dtype.kind == "f" and not np.all(np.isfinite(x)):
-                raise RunError(f"input {t.name!r} holds NaN or infinite values")
-            env[t.name] = np.ascontiguousarray(x)
-        return env
+        except (TypeError, ValueError) as exc:
+            raise RunError(f"input {t.name!r} is not an array ({exc})") from None
+        if x.shape != tuple(t.shape):
+            raise RunError(f"input {t.name!r} has shape {list(x.shape)}, the model was "
+                           f"compiled for {list(t.shape)}")
+        if x.dtype != np.dtype(t.dtype):
+            raise RunError(f"input {t.name!r} has dtype {x.dtype}, the model expects "
+                           f"{t.dtype} (convert it with .astype(np.{t.dtype}))")
+        if x.dtype.kind == "f" and not np.all(np.isfinite(x)):
+            raise RunError(f"input {t.name!r} holds NaN or infinite values")
+        return np.ascontiguousarray(x)
 
     def _kernel(self, k: int, step):
         """Step ``k``'s loaded CPU kernel (JIT-compiled on first use; None for a view)."""

@@ -1,4 +1,11 @@
-"""The ``tessera`` command line."""
+"""The ``tessera`` command line.
+
+One subcommand per ``_cmd_*`` function; :func:`build_parser` lists them. What a model
+command is given (shapes, .npz/.npy arrays, calibration files) becomes the Python API's
+arguments in :mod:`tessera.cli_inputs`. Errors print as one line with the command-line
+form of their advice (:meth:`tessera.errors.TesseraError.describe`), exit status 2;
+``tessera`` without a command prints its help and exits 0.
+"""
 from __future__ import annotations
 
 import argparse
@@ -8,8 +15,9 @@ from pathlib import Path
 from typing import Sequence
 
 from .boards import BOARDS
+from .cli_inputs import calibration_samples, input_feeds, input_ranks, parse_shapes, random_feeds
 from .config import DEFAULT_PRESET, PRESETS, get_config
-from .errors import TesseraError
+from .errors import CLI, TesseraError
 
 
 def _config_arg(p: argparse.ArgumentParser) -> None:
@@ -44,55 +52,14 @@ class _StageProgress:
             self.bar = None
 
 
-def _parse_shapes(items: Sequence[str] | None) -> dict[str, list[int]] | None:
-    if not items:
-        return None
-    shapes = {}
-    for item in items:
-        name, _, dims = item.partition("=")
-        try:
-            shapes[name] = [int(d) for d in dims.split(",")]
-        except ValueError:
-            raise TesseraError(f"--input-shape {item!r}: write NAME=D0,D1,... (e.g. "
-                               "input=1,3,224,224)") from None
-    return shapes
-
-
-def _load_arrays(paths: Sequence[str]) -> dict:
-    """Arrays from .npz files (by key) and NAME=FILE.npy items."""
-    import numpy as np
-    arrays = {}
-    for item in paths:
-        name, sep, path = item.partition("=")
-        if not sep:
-            name, path = "", item
-        try:
-            data = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise TesseraError(f"cannot read {path!r}: {exc}") from None
-        if isinstance(data, np.ndarray):
-            if not name:
-                raise TesseraError(f"{path!r} is a .npy file: name the input it holds, "
-                                   f"NAME={path}")
-            arrays[name] = data
-        else:
-            arrays.update({name or k: data[k] for k in data.files})
-    return arrays
-
-
-def _calibration(args: argparse.Namespace, model) -> list[dict]:
-    """Calibration feeds: arrays with a leading sample axis, or random samples."""
+def _calibration(args: argparse.Namespace, proto, shapes) -> list[dict] | None:
+    """Calibration feeds from --calibration files or --random-calibration."""
     if args.calibration:
-        arrays = _load_arrays(args.calibration)
-        counts = {len(v) for v in arrays.values()}
-        if len(counts) != 1:
-            raise TesseraError("calibration arrays must hold the same number of samples "
-                               "(the leading axis)")
-        return [{k: v[i] for k, v in arrays.items()} for i in range(counts.pop())]
+        return calibration_samples(args.calibration, input_ranks(proto, shapes))
     if args.random_calibration:
         from .compiler.frontend.zoo import calibration_data
-        return calibration_data(model, args.random_calibration)
-    return None  # type: ignore[return-value]
+        return calibration_data(proto, args.random_calibration, input_shapes=shapes)
+    return None
 
 
 def _compile(args: argparse.Namespace):
@@ -109,11 +76,14 @@ def _compile(args: argparse.Namespace):
         proto = onnx.load(str(path))
     except Exception as exc:  # noqa: BLE001  (protobuf raises several unrelated types)
         raise TesseraError(f"{str(path)!r} is not an ONNX model: {exc}") from None
+    if not proto.HasField("graph"):
+        raise TesseraError(f"{str(path)!r} is empty or not an ONNX model (it has no graph)")
+    shapes = parse_shapes(args.input_shape)
     bar = _StageProgress(f"compiling {path.name}")
     try:
-        return compile_model(proto, args.config, calibration=_calibration(args, proto),
-                             input_shapes=_parse_shapes(args.input_shape),
-                             force_cpu=args.force_cpu or (), progress=bar)
+        return compile_model(proto, args.config, calibration=_calibration(args, proto, shapes),
+                             input_shapes=shapes, force_cpu=args.force_cpu or (),
+                             progress=bar)
     finally:
         bar.close()
 
@@ -132,20 +102,10 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 
 
 def _model_inputs(args: argparse.Namespace, model) -> dict:
-    import numpy as np
     if args.inputs:
-        return _load_arrays(args.inputs)
-    rng = np.random.default_rng(args.seed)
+        return input_feeds(args.inputs)
     print("no --inputs given: running on random inputs", file=sys.stderr)
-    feeds = {}
-    for t in model.inputs:
-        if np.dtype(t.dtype).kind == "f":
-            feeds[t.name] = rng.standard_normal(t.shape).astype(t.dtype)
-        else:
-            info = np.iinfo(t.dtype)
-            feeds[t.name] = rng.integers(info.min, info.max, t.shape, endpoint=True,
-                                         dtype=t.dtype)
-    return feeds
+    return random_feeds(model.inputs, args.seed)
 
 
 def _run(args: argparse.Namespace, model):
@@ -252,10 +212,10 @@ def _gemm_demo(args: argparse.Namespace) -> int:
     config = get_config(args.config)
     m = n = k = args.size
     epilogue = [("SHR", args.shift)] if args.shift else []
+    plan = plan_gemm(config, m, n, k, args.threads, len(epilogue))   # checks the sizes
     rng = np.random.default_rng(args.seed)
     a = rng.integers(-128, 128, (m, k), dtype=np.int8)
     b = rng.integers(-128, 128, (n, k), dtype=np.int8)
-    plan = plan_gemm(config, m, n, k, args.threads, len(epilogue))
     print(f"Tessera demo: int8 GEMM {m}x{n}x{k}" + (f", then SHR {args.shift}" if args.shift else "")
           + f", on the cycle-level simulator (config {config.name!r}, "
           f"{config.batch}x{config.block_in}x{config.block_out} core, {config.clock_mhz:g} MHz)")
@@ -406,12 +366,52 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tessera", description=(
         "Tessera: FPGA deep-learning accelerator co-design toolkit"))
     parser.add_argument("--version", action="version", version=f"tessera {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _help_by_default(parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_demo_command(sub)
     _add_model_commands(sub)
     _add_program_commands(sub)
     _add_hw_commands(sub)
     return parser
+
+
+def _help_by_default(parser: argparse.ArgumentParser) -> None:
+    """Without a (sub)command, ``parser`` prints its help and the command exits 0: asking
+    ``tessera`` what it does is not an error."""
+    parser.set_defaults(func=lambda args: parser.print_help() or 0)
+
+
+def _positive(text: str) -> int:
+    """An argparse type: a positive integer."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} is not positive")
+    return value
+
+
+class _Items(argparse.Action):
+    """A list option: ``--calibration A.npz B.npz`` or the flag repeated, into one list.
+
+    argparse gives a list option every word up to the next option, so the model path
+    written last (``--calibration cal.npz net.onnx``) lands in the list: the option given
+    last and how many words it took are kept for :func:`_claim_model` to take it back.
+    """
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, [*(getattr(namespace, self.dest) or []), *values])
+        namespace.last_items = (self.dest, len(values))
+
+
+def _claim_model(args: argparse.Namespace) -> None:
+    """Set ``args.model`` from the last word of the list option that swallowed it (it
+    took at least two words, or the model was not given at all)."""
+    dest, count = getattr(args, "last_items", (None, 0))
+    if count < 2:
+        args.parser.error("the following arguments are required: model")
+    args.model = getattr(args, dest).pop()
 
 
 def _add_demo_command(sub) -> None:
@@ -425,7 +425,8 @@ def _add_demo_command(sub) -> None:
     p.add_argument("--timeline", metavar="PNG", help="write a timeline of the queues")
     p.add_argument("--gemm", action="store_true",
                    help="the int8 GEMM demo instead (--size, --threads, --shift)")
-    p.add_argument("--size", type=int, default=256, help="GEMM: M = N = K (default 256)")
+    p.add_argument("--size", type=_positive, default=256,
+                   help="GEMM: M = N = K (default 256)")
     p.add_argument("--threads", type=int, default=2, choices=(1, 2),
                    help="GEMM: virtual threads")
     p.add_argument("--shift", type=int, default=8,
@@ -437,23 +438,30 @@ def _add_demo_command(sub) -> None:
 
 def _model_args(p: argparse.ArgumentParser) -> None:
     """The arguments of every command that takes a model."""
-    p.add_argument("model", help="an ONNX model (compiled first) or a compiled .tsr file")
+    # nargs="?": a list option may swallow the model path, _claim_model takes it back
+    p.add_argument("model", nargs="?",
+                   help="an ONNX model (compiled first) or a compiled .tsr file")
+    p.set_defaults(parser=p)
     p.add_argument("--config", "--target", dest="config", default=DEFAULT_PRESET,
                    help=f"config to compile for (default {DEFAULT_PRESET}; a .tsr has its "
                         "own)")
-    p.add_argument("--calibration", nargs="+", metavar="FILE",
-                   help="calibration samples for a float model: .npz files whose arrays "
-                        "(named as the inputs) stack samples on the first axis")
-    p.add_argument("--random-calibration", type=int, metavar="N",
-                   help="calibrate on N random normal samples (for trying things out)")
-    p.add_argument("--input-shape", nargs="+", metavar="NAME=D0,D1,...",
+    p.add_argument("--calibration", nargs="+", action=_Items, metavar="FILE",
+                   help="calibration samples for a float model: .npz files of arrays named "
+                        "as the inputs, each one sample (the input's shape) or a stack of "
+                        "samples (one more, leading, axis), or NAME=FILE.npy; the samples "
+                        "of several files add up")
+    p.add_argument("--random-calibration", type=_positive, metavar="N",
+                   help="calibrate on N random normal samples of the inputs' shapes, "
+                        "--input-shape included (for trying things out)")
+    p.add_argument("--input-shape", nargs="+", action=_Items, metavar="NAME=D0,D1,...",
                    help="fix dynamic input dimensions")
-    p.add_argument("--force-cpu", nargs="+", metavar="NODE", help="keep nodes on the CPU")
+    p.add_argument("--force-cpu", nargs="+", action=_Items, metavar="NODE",
+                   help="keep nodes on the CPU")
 
 
 def _run_args(p: argparse.ArgumentParser) -> None:
     """The arguments of every command that runs a model."""
-    p.add_argument("--inputs", nargs="+", metavar="FILE",
+    p.add_argument("--inputs", nargs="+", action=_Items, metavar="FILE",
                    help="inputs: .npz files (arrays named as the inputs) or NAME=FILE.npy "
                         "(default: random)")
     p.add_argument("--backend", default="sim", choices=("sim", "rtl", "pynq"))
@@ -467,12 +475,14 @@ def _add_model_commands(sub) -> None:
     _model_args(p)
     p.add_argument("-o", "--output", help="output file (default: the model with .tsr)")
     p.set_defaults(func=_cmd_compile)
+    _usage_with_model_required(p)
 
     p = sub.add_parser("run", help="run a model and write its outputs (.npz)")
     _model_args(p)
     _run_args(p)
     p.add_argument("-o", "--output", metavar="FILE.npz", help="write the outputs")
     p.set_defaults(func=_cmd_run)
+    _usage_with_model_required(p)
 
     p = sub.add_parser("profile", help="run a model and print its per-layer profile")
     _model_args(p)
@@ -481,6 +491,13 @@ def _add_model_commands(sub) -> None:
     p.add_argument("--trace", metavar="FILE", help="write a Perfetto trace JSON (sim)")
     p.add_argument("--json", action="store_true", help="print the profile as JSON")
     p.set_defaults(func=_cmd_profile)
+    _usage_with_model_required(p)
+
+
+def _usage_with_model_required(p: argparse.ArgumentParser) -> None:
+    """The usage line as argparse writes it, but with ``model``, not ``[model]``: the
+    model is required, nargs="?" only lets :func:`_claim_model` find it."""
+    p.usage = p.format_usage().removeprefix("usage: ").rstrip().replace("[model]", "model")
 
 
 def _add_program_commands(sub) -> None:
@@ -513,7 +530,8 @@ def _add_hw_commands(sub) -> None:
     """hw verilog, hw resources, hw bitstream."""
     hw = sub.add_parser("hw", help="hardware: Verilog export, resource estimates and "
                                    "bitstreams")
-    hw_sub = hw.add_subparsers(dest="hw_command", required=True, metavar="HW_COMMAND")
+    _help_by_default(hw)
+    hw_sub = hw.add_subparsers(dest="hw_command", metavar="HW_COMMAND")
     p = hw_sub.add_parser("verilog", help="write the accelerator's Verilog and its register "
                                           "map/ports as JSON")
     _config_arg(p)
@@ -543,10 +561,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``tessera`` console script."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "model", "") is None:
+        _claim_model(args)
     try:
         return args.func(args)
     except TesseraError as exc:
-        print(f"tessera {args.command}: error: {exc}", file=sys.stderr)
+        print(f"tessera {args.command}: error: {exc.describe(CLI)}", file=sys.stderr)
         return 2
 
 

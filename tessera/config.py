@@ -268,7 +268,11 @@ DEFAULT_PRESET = "pynq"
 
 
 def get_config(name_or_path: str | Path | HwConfig | None = None) -> HwConfig:
-    """A preset by name, a config JSON file by path, or the default preset."""
+    """A preset by name, a config JSON file by path, or the default preset.
+
+    :class:`ConfigError` for anything else: a name with a suffix or a folder part is a
+    path, reported as a missing file; any other name is reported with the presets.
+    """
     if name_or_path is None:
         return PRESETS[DEFAULT_PRESET]
     if isinstance(name_or_path, HwConfig):
@@ -276,7 +280,16 @@ def get_config(name_or_path: str | Path | HwConfig | None = None) -> HwConfig:
     key = str(name_or_path)
     if key in PRESETS:
         return PRESETS[key]
-    if Path(key).is_file():
+    path = Path(key)
+    if path.is_file():
         return HwConfig.load(key)
-    raise ConfigError(f"unknown config {key!r}: use a preset ({', '.join(PRESETS)}) "
-                      "or the path of a config JSON file")
+    presets = f"a preset ({', '.join(PRESETS)})"
+    if path.is_dir():
+        raise ConfigError(f"config {key!r} is a directory: give {presets} or a config JSON "
+                          "file")
+    # A name with a suffix or a directory part was meant as a file, not a preset.
+    if path.suffix or len(path.parts) > 1:
+        raise ConfigError(f"config file {str(path.resolve())!r} does not exist: give an "
+                          f"existing config JSON file or {presets}")
+    raise ConfigError(f"unknown config {key!r}: give {presets} or the path of a config "
+                      "JSON file")

@@ -2,12 +2,68 @@
 
 Every message says what was wrong, where (instruction index, field, node) and,
 where it helps, what to do. Catch :class:`TesseraError` to catch them all.
+
+What to do, by interface
+------------------------
+How to fix a problem often depends on how the user called Tessera: from Python one
+passes ``calibration=[...]`` or ``input_shapes={...}``, on the command line one gives
+``--calibration FILE.npz`` or ``--input-shape NAME=D0,D1,...``. Such advice goes in the
+error's ``fix``, a dict keyed by interface (:data:`PYTHON`, :data:`CLI`), not in its
+message::
+
+    raise CompileError(f"model {name!r} is a float model",
+                       fix={PYTHON: "pass calibration=[{input name: array}, ...]",
+                            CLI: "give --calibration FILE.npz"})
+
+``str(exc)`` is the message and the Python advice (the API is the default interface);
+``exc.describe(CLI)`` is the message and the command-line advice, which is what the
+``tessera`` command prints. An interface without advice of its own gets the Python one,
+so an error a command can reach should give both. The builders below (e.g.
+:func:`input_shape_fix`) keep advice that several modules give in one place. Advice that
+is the same in every interface stays in the message.
 """
 from __future__ import annotations
 
+from typing import Mapping, Sequence
+
+#: The interfaces a :attr:`TesseraError.fix` is keyed by: the Python API and the CLI.
+PYTHON = "python"
+CLI = "cli"
+INTERFACES = (PYTHON, CLI)
+
 
 class TesseraError(Exception):
-    """Base class of every error Tessera raises on bad input."""
+    """Base class of every error Tessera raises on bad input.
+
+    ``fix`` maps an interface (:data:`PYTHON`, :data:`CLI`) to what to do in it (see the
+    module doc); ``str(exc)`` shows the Python advice, :meth:`describe` any interface's.
+    """
+
+    def __init__(self, *args: object, fix: Mapping[str, str] | None = None) -> None:
+        super().__init__(*args)
+        unknown = set(fix or ()) - set(INTERFACES)
+        if unknown:
+            raise ValueError(f"fix is keyed by {INTERFACES}, not {sorted(unknown)}")
+        self.fix: dict[str, str] = dict(fix or {})
+
+    def describe(self, interface: str = PYTHON) -> str:
+        """The message with the advice for ``interface`` (the Python advice if it has
+        none of its own)."""
+        message = super().__str__()
+        advice = self.fix.get(interface, self.fix.get(PYTHON))
+        return f"{message}; {advice}" if advice else message
+
+    def __str__(self) -> str:
+        return self.describe(PYTHON)
+
+
+def input_shape_fix(name: str, example: Sequence[int | str]) -> dict[str, str]:
+    """Advice to give input ``name`` a static shape, ``example`` (e.g. ``(1, 3, 224, 224)``,
+    or placeholders such as ``("N", "C", "H", "W")``)."""
+    dims = [str(d) for d in example]
+    python = ", ".join(dims) + ("," if len(dims) == 1 else "")
+    return {PYTHON: f"give its shape, e.g. input_shapes={{{name!r}: ({python})}}",
+            CLI: f"give its shape, e.g. --input-shape {name}={','.join(dims)}"}
 
 
 class ConfigError(TesseraError, ValueError):
@@ -93,9 +149,10 @@ class CompileError(TesseraError, ValueError):
     what to do about it; ``op`` names the operator when there is one.
     """
 
-    def __init__(self, message: str, *, op: str | None = None) -> None:
+    def __init__(self, message: str, *, op: str | None = None,
+                 fix: Mapping[str, str] | None = None) -> None:
         self.op = op
-        super().__init__(message)
+        super().__init__(message, fix=fix)
 
 
 class VerificationError(CompileError):

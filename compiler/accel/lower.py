@@ -23,7 +23,16 @@ on the stored int8 values:
   (:func:`qlinear_add`): bit-exact. When one operand is the output of a
   convolution read by nothing else, the add is fused into that convolution's epilogue
   (:class:`~.ops.Mul` and a scaled :class:`~.ops.Residual`); otherwise it is an
-  :class:`~.ops.Eltwise`.
+  :class:`~.ops.Eltwise`. A QAdd shifted from uint8 (``from_uint8``,
+  :mod:`..frontend.qshift`) is searched against onnxruntime's uint8 result alike.
+* ``QAveragePool`` stays on the CPU: onnxruntime averages the dequantized float32
+  values, each rounded, summed in window order, divided and offset by the zero point in
+  float32, so at the frequent ties (with equal input and output scales, every fourth sum
+  of a 2x2 window is one) the result depends on the individual inputs, not only on the
+  integer sum :class:`~.ops.Pool2d` ``avg`` computes: no integer form is exact.
+
+uint8 activations arrive here as int8 (:mod:`..frontend.qshift` shifts them by 128
+before placement), so every node the accelerator runs computes on int8.
 
 :func:`accel_unsupported_reason` says why a node cannot run on the accelerator (``None``
 when it can), without building anything.
@@ -44,10 +53,17 @@ from ..frontend.graph import Graph, Node
 from .ops import (INT32_MAX, INT32_MIN, AddConst, Clip, Conv2d, Dense, Eltwise, Mul, Op, Pool2d,
                   Residual, Shift, Stage, requantize)
 from ..frontend.qdq import DOMAIN
-from ..frontend.qlinear import qlinear_add_coefficients, qlinear_add_reference
+from ..frontend.qlinear import qlinear_add_coefficients
+from ..frontend.qshift import SHIFT, qadd_reference
 
-__all__ = ["accel_unsupported_reason", "convert_flattened_gemms", "fuse_add_into_conv",
-           "lower_node", "qlinear_add"]
+__all__ = ["AVERAGE_POOL_REASON", "accel_unsupported_reason", "convert_flattened_gemms",
+           "fuse_add_into_conv", "lower_node", "qlinear_add"]
+
+#: Why QAveragePool runs on the CPU (module doc).
+AVERAGE_POOL_REASON = ("onnxruntime averages dequantized float32 values (QLinearAveragePool): "
+                       "at ties its result depends on each input's float rounding, not only "
+                       "on the integer sum the accelerator's average pool computes, so no "
+                       "integer form is exact")
 
 #: Largest fixed-point fraction for QAdd (k <= 30 keeps 2**(k-1) an int32 immediate).
 _MAX_ADD_FRACTION = 30
@@ -97,6 +113,8 @@ def accel_unsupported_reason(graph: Graph, node: Node, config: HwConfig) -> str 
     if node.domain != DOMAIN:
         return (f"{node.op} is not an integer op of the accelerator (only quantized conv, "
                 "dense, add, max and global average pooling are)")
+    if node.op == "QAveragePool":
+        return AVERAGE_POOL_REASON
     dtypes = {graph.value(t).dtype for t in [*node.inputs[:1], *node.outputs]}
     if node.op == "QAdd":
         dtypes |= {graph.value(node.inputs[1]).dtype}
@@ -105,6 +123,11 @@ def accel_unsupported_reason(graph: Graph, node: Node, config: HwConfig) -> str 
                 f"{config.inp_width}-bit inputs, {config.out_width}-bit outputs), this node has "
                 f"{'/'.join(sorted(dtypes))}")
     shape = graph.value(node.inputs[0]).shape
+    if node.op in ("QConv", "QGemm") and graph.value(node.inputs[1]).dtype != "int8":
+        w = graph.value(node.inputs[1]).data
+        return (f"its weights minus their zero points span [{w.min()}, {w.max()}], beyond the "
+                "int8 the accelerator multiplies (asymmetric uint8 weights); quantize the "
+                "weights symmetric (onnxruntime's WeightSymmetric=True) to run it here")
     if node.op == "QConv":
         pad_max = get_isa(config).layouts[0].field("y_pad_0").hi
         if max(node.attrs["pads"]) > pad_max:
@@ -196,11 +219,13 @@ def _lower_qgap(graph: Graph, node: Node) -> Conv2d:
 
 
 def qlinear_add(a_scale: float, a_zero_point: int, b_scale: float, b_zero_point: int,
-                y_scale: float, y_zero_point: int, y_min: int = -128, y_max: int = 127
-                ) -> tuple[int, tuple[Stage, ...]]:
+                y_scale: float, y_zero_point: int, y_min: int = -128, y_max: int = 127,
+                from_uint8: bool = False) -> tuple[int, tuple[Stage, ...]]:
     """QLinearAdd in fixed point, bit-exact with MLAS: ``(A, stages)`` such that
     ``acc = A*a``, then ``stages`` (``acc += B*b``, a constant, a shift by ``k``, the
-    clamp) give onnxruntime's result for every pair of int8 operands.
+    clamp) give onnxruntime's result for every pair of int8 operands. The parameters are
+    a fused QAdd's (stored domain); ``from_uint8``: onnxruntime computed on the stored
+    values plus 128 (:mod:`..frontend.qshift`).
 
     MLAS computes ``a*ra + b*rb + fixed`` in float32 with FMAs
     (:func:`~..frontend.qlinear.qlinear_add_reference`). A fixed-point form with ``A ~ ra*2**k``,
@@ -214,7 +239,8 @@ def qlinear_add(a_scale: float, a_zero_point: int, b_scale: float, b_zero_point:
     The residual in the returned stages is named ``"b"``; callers rename it.
     """
     found = _exact_add(float(a_scale), int(a_zero_point), float(b_scale), int(b_zero_point),
-                       float(y_scale), int(y_zero_point), int(y_min), int(y_max))
+                       float(y_scale), int(y_zero_point), int(y_min), int(y_max),
+                       bool(from_uint8))
     if found is None:
         raise CompileError("QLinearAdd: no int32 fixed-point form reproduces onnxruntime's "
                            f"float32 result for a_scale {a_scale:g}, b_scale {b_scale:g}, "
@@ -230,13 +256,19 @@ _PAIRS = np.stack(np.meshgrid(np.arange(-128, 128), np.arange(-128, 128)), -1).r
 
 @lru_cache(maxsize=256)
 def _exact_add(a_scale: float, a_zp: int, b_scale: float, b_zp: int, y_scale: float,
-               y_zp: int, y_min: int, y_max: int) -> tuple[int, int, int, int] | None:
+               y_zp: int, y_min: int, y_max: int, from_uint8: bool
+               ) -> tuple[int, int, int, int] | None:
     """``(k, A, B, F)`` with ``clip((A*a + B*b + F) >> k) == MLAS`` on every pair."""
     a, b = _PAIRS[:, 0], _PAIRS[:, 1]
-    want = qlinear_add_reference(a.astype(np.int8), b.astype(np.int8), a_scale, a_zp, b_scale,
-                                 b_zp, y_scale, y_zp, y_min, y_max)
-    ra, rb, fixed = (float(v) for v in qlinear_add_coefficients(a_scale, a_zp, b_scale, b_zp,
-                                                                 y_scale, y_zp))
+    attrs = {"a_scale": a_scale, "a_zero_point": a_zp, "b_scale": b_scale,
+             "b_zero_point": b_zp, "y_scale": y_scale, "y_zero_point": y_zp, "y_min": y_min,
+             "y_max": y_max, "from_uint8": int(from_uint8)}
+    want = qadd_reference(a.astype(np.int8), b.astype(np.int8), attrs)
+    offset = SHIFT if from_uint8 else 0
+    ra, rb, fixed = (float(v) for v in qlinear_add_coefficients(
+        a_scale, a_zp + offset, b_scale, b_zp + offset, y_scale, y_zp + offset))
+    # The nominal offset in the stored domain: y - o = (a + o)*ra + (b + o)*rb + fixed - o.
+    fixed += offset * (ra + rb - 1)
     top = _MAX_ADD_FRACTION
     while top > 0 and _add_magnitude(ra, rb, fixed, top) > INT32_MAX:
         top -= 1
@@ -273,7 +305,8 @@ def _qadd_parts(node: Node) -> tuple[int, tuple[Stage, ...]]:
     a = node.attrs
     big_a, (res, *rest) = qlinear_add(a["a_scale"], a["a_zero_point"], a["b_scale"],
                                       a["b_zero_point"], a["y_scale"], a["y_zero_point"],
-                                      a.get("y_min", -128), a.get("y_max", 127))
+                                      a.get("y_min", -128), a.get("y_max", 127),
+                                      bool(a.get("from_uint8", 0)))
     return big_a, (replace(res, tensor=node.inputs[1]), *rest)
 
 

@@ -7,14 +7,17 @@ convention and :mod:`.irutil` for the IR helpers kernels are written with.
 """
 from .conv import build_conv_int8, build_matmul_int8
 from .elementwise import E, fused_elementwise, maximum, minimum
+from .gather import build_gather, build_gather_elements
 from .kernel import DTYPES, CpuKernel, TensorSpec
-from .layout_ops import build_concat, build_pad, build_transpose
+from .layout_ops import build_concat, build_pad, build_split, build_transpose
 from .norm import layer_norm
 from .pool import (build_average_pool, build_global_average_pool, build_global_max_pool,
                    build_max_pool)
 from .reduce import REDUCE_OPS, reduce_max, reduce_mean, reduce_min, reduce_sum, reduction
 from .resize import build_resize
 from .softmax import log_softmax, softmax
+from .strided import (build_depth_to_space, build_expand, build_slice, build_space_to_depth,
+                      build_tile)
 
 __all__ = [
     "DTYPES", "CpuKernel", "TensorSpec",
@@ -23,7 +26,9 @@ __all__ = [
     "REDUCE_OPS", "reduction", "reduce_sum", "reduce_mean", "reduce_max", "reduce_min",
     "softmax", "log_softmax", "layer_norm",
     # data-movement, pooling, resize, int8 conv / matmul kernels
-    "build_concat", "build_pad", "build_transpose",
+    "build_concat", "build_pad", "build_split", "build_transpose", "build_slice",
+    "build_expand", "build_tile", "build_depth_to_space", "build_space_to_depth",
+    "build_gather", "build_gather_elements",
     "build_max_pool", "build_average_pool", "build_global_max_pool",
     "build_global_average_pool", "build_resize", "build_conv_int8", "build_matmul_int8",
 ]

@@ -24,8 +24,17 @@ Semantics (numpy's, per dtype; no implicit promotion):
 * int8 / uint8 / int32 ``+ - *`` and ``neg``/``abs`` wrap like numpy (int8 127 + 1 is
   -128; abs(-128) is -128). Nothing saturates implicitly; ``clip`` and ``quantize``
   are the saturating ops.
-* ``/``, ``exp``, ``sigmoid``, ``tanh`` are float32 only. exp/sigmoid/tanh are
-  vectorised polynomials within a few ulp of numpy (see ``irutil.exp_f32``).
+* ``/`` is float32 only (numpy's ``/`` of integers is a float); ``trunc_div`` is the
+  integer division of C and onnxruntime (toward zero, not numpy's floor), 0 for a zero
+  divisor.
+* ``exp``, ``sigmoid``, ``tanh``, ``log``, ``log1p``, ``erf``, ``sqrt``, ``floor``,
+  ``ceil``, ``round`` (half to even) and ``**`` (pow) are float32 only. The
+  transcendental ones are vectorised polynomials within a few ulp of the correctly
+  rounded result (see ``irutil.exp_f32`` and :mod:`.fmath`); pow follows C99's special
+  values.
+* ``equal``, ``less``, ``less_equal``, ``greater``, ``greater_equal`` give bool (false
+  with a NaN operand); ``where(cond, a, b)`` takes a bool condition. bool operands are
+  taken only by ``where``, ``equal`` and ``cast`` (no arithmetic on bools).
 * ``minimum``/``maximum``/``relu``/``clip`` propagate NaN like ``np.minimum``,
   ``np.maximum``, ``np.clip``.
 * ``cast(dtype)`` is ``astype``: int->int wraps, float->int truncates toward zero
@@ -49,13 +58,19 @@ import numpy as np
 
 from tessera.errors import CpuKernelError
 
+from . import fmath as F
 from . import irutil as U
 from .kernel import (DTYPES, CpuKernel, TensorSpec, kernel_function, new_module,
                      range_function)
 
 Number = Union[int, float]
-_BINARY_SYMBOLS = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
-_FLOAT_ONLY = {"div", "exp", "sigmoid", "tanh"}
+_BINARY_SYMBOLS = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**"}
+_FLOAT_ONLY = {"div", "exp", "sigmoid", "tanh", "log", "log1p", "erf", "sqrt", "floor",
+               "ceil", "round", "pow"}
+#: Comparison ops (bool results) and their LLVM predicates.
+_COMPARE = {"eq": "==", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+#: The ops that take bool operands.
+_BOOL_OK = {"where", "eq", "cast"}
 
 
 @dataclass(frozen=True, eq=False)
@@ -125,6 +140,30 @@ class E:
     def __abs__(self) -> "E":
         return E("abs", (self,))
 
+    def __pow__(self, o: "E | Number") -> "E":
+        """``x ** y`` (float32, C99 ``pow``)."""
+        return E("pow", (self, _wrap(o)))
+
+    def trunc_div(self, o: "E | Number") -> "E":
+        """Integer division toward zero (C's ``/``); 0 where ``o`` is 0."""
+        return E("tdiv", (self, _wrap(o)))
+
+    # -- comparisons (methods: ``==`` compares expressions structurally)
+    def equal(self, o: "E | Number") -> "E":
+        return E("eq", (self, _wrap(o)))
+
+    def less(self, o: "E | Number") -> "E":
+        return E("lt", (self, _wrap(o)))
+
+    def less_equal(self, o: "E | Number") -> "E":
+        return E("le", (self, _wrap(o)))
+
+    def greater(self, o: "E | Number") -> "E":
+        return E("gt", (self, _wrap(o)))
+
+    def greater_equal(self, o: "E | Number") -> "E":
+        return E("ge", (self, _wrap(o)))
+
     # -- methods
     def relu(self) -> "E":
         """max(x, 0)."""
@@ -143,6 +182,33 @@ class E:
     def tanh(self) -> "E":
         return E("tanh", (self,))
 
+    def log(self) -> "E":
+        return E("log", (self,))
+
+    def log1p(self) -> "E":
+        """log(1 + x), accurate for tiny x."""
+        return E("log1p", (self,))
+
+    def erf(self) -> "E":
+        return E("erf", (self,))
+
+    def sqrt(self) -> "E":
+        return E("sqrt", (self,))
+
+    def floor(self) -> "E":
+        return E("floor", (self,))
+
+    def ceil(self) -> "E":
+        return E("ceil", (self,))
+
+    def round(self) -> "E":
+        """Round half to even (``np.rint``)."""
+        return E("round", (self,))
+
+    def sign(self) -> "E":
+        """``np.sign`` (-0.0 gives 0.0)."""
+        return E("sign", (self,))
+
     def cast(self, dtype: str) -> "E":
         """``astype(dtype)`` (wrapping / truncating, see the module docstring)."""
         return E("cast", (self,), dtype=_check_dtype(dtype))
@@ -150,7 +216,7 @@ class E:
     def quantize(self, scale: "E | float", zero_point: "E | int" = 0,
                  dtype: str = "int8") -> "E":
         """ONNX QuantizeLinear of a float32 expression to ``dtype``."""
-        if _check_dtype(dtype) == "float32":
+        if _check_dtype(dtype) in ("float32", "bool"):
             raise CpuKernelError("quantize: target dtype must be an integer dtype")
         return E("quantize", (self, _wrap(scale), _wrap(zero_point)), dtype=dtype)
 
@@ -184,6 +250,11 @@ def maximum(a: E | Number, b: E | Number) -> E:
     return E("max", (_wrap(a), _wrap(b)))
 
 
+def where(cond: E, a: E | Number, b: E | Number) -> E:
+    """``np.where(cond, a, b)`` for a bool ``cond``."""
+    return E("where", (cond, _wrap(a), _wrap(b)))
+
+
 def _wrap(v: E | Number) -> E:
     if isinstance(v, E):
         return v
@@ -214,8 +285,8 @@ def _typed_const(node: E, dtype: str) -> E:
     return E("const", value=v, dtype=dtype)
 
 
-_FOLLOWING = {"add", "sub", "mul", "div", "min", "max", "neg", "abs", "relu", "clip",
-              "exp", "sigmoid", "tanh"}
+_FOLLOWING = {"add", "sub", "mul", "div", "tdiv", "min", "max", "neg", "abs", "relu", "clip",
+              "sign", *_FLOAT_ONLY}
 
 
 def _untyped(node: E) -> bool:
@@ -223,6 +294,8 @@ def _untyped(node: E) -> bool:
     their dtype comes from the context."""
     if node.op == "const":
         return node.dtype is None
+    if node.op == "where":
+        return all(_untyped(a) for a in node.args[1:])
     return node.op in _FOLLOWING and all(_untyped(a) for a in node.args)
 
 
@@ -279,11 +352,20 @@ class _Typer:
             args = (q, self.typed(scale, "float32"), self.typed(zp, self.types[q]))
         elif op == "cast":
             args = (self.typed(node.args[0]),)
+        elif op == "where":
+            args = (self.typed(node.args[0], "bool"), *self._same(node.args[1:], want))
         else:
-            args = self._same(node.args, want)
+            # A comparison's operands get their dtype from each other, not from the
+            # (bool) context.
+            args = self._same(node.args, None if op in _COMPARE else want)
             if op in _FLOAT_ONLY and self.types[args[0]] != "float32":
                 raise CpuKernelError(f"{node}: {op} needs float32 operands, not "
                                      f"{self.types[args[0]]}")
+            if op == "tdiv" and self.types[args[0]] == "float32":
+                raise CpuKernelError(f"{node}: trunc_div needs integer operands (use /)")
+        if op not in _BOOL_OK and any(self.types[a] == "bool" for a in args):
+            raise CpuKernelError(f"{node}: {op} does not take bool operands (only where, "
+                                 "equal and cast do)")
         return E(op, args, node.value, node.dtype)
 
     def _dtype(self, node: E) -> str:
@@ -293,7 +375,9 @@ class _Typer:
             return node.dtype
         if node.op == "dequantize":
             return "float32"
-        return self.types[node.args[0]]
+        if node.op in _COMPARE:
+            return "bool"
+        return self.types[node.args[-1] if node.op == "where" else node.args[0]]
 
 
 # ---------------------------------------------------------------------------------
@@ -324,32 +408,17 @@ class _Emitter:
         if op == "const":
             return U.const(t, node.value)
         args = [self(a) for a in node.args]
-        if op == "add":
-            return U.add(b, *args, t)
-        if op == "sub":
-            return U.sub(b, *args, t)
-        if op == "mul":
-            return U.mul(b, *args, t)
-        if op == "div":
-            return b.fdiv(*args)
-        if op == "min":
-            return U.minimum(b, *args, t)
-        if op == "max":
-            return U.maximum(b, *args, t)
-        if op == "neg":
-            return U.neg(b, args[0], t)
-        if op == "abs":
-            return U.absolute(b, args[0], t)
+        if op in _TYPED_OPS:
+            return _TYPED_OPS[op](b, *args, t)
+        if op in _FLOAT_OPS:
+            return _FLOAT_OPS[op](b, *args)
+        if op in _COMPARE:
+            return U.compare(b, _COMPARE[op], *args, self.types[node.args[0]])
+        if op == "where":
+            cond, x, y = args
+            return b.select(b.icmp_unsigned("!=", cond, U.const("bool", 0)), x, y)
         if op == "relu":
             return U.maximum(b, args[0], U.const(t, 0), t)
-        if op == "clip":
-            return U.clamp(b, *args, t)
-        if op == "exp":
-            return U.exp_f32(b, args[0])
-        if op == "sigmoid":
-            return U.sigmoid_f32(b, args[0])
-        if op == "tanh":
-            return U.tanh_f32(b, args[0])
         if op == "cast":
             return U.cast(b, args[0], self.types[node.args[0]], t)
         if op == "quantize":
@@ -363,6 +432,20 @@ class _Emitter:
             d = b.sub(U.widen(b, q, src), U.widen(b, zp, src))
             return b.fmul(b.sitofp(d, U.F32), scale)
         raise CpuKernelError(f"unknown elementwise op {op!r}")
+
+
+#: Ops emitted by a dtype-aware helper, ``fn(builder, *operands, dtype)``.
+_TYPED_OPS = {"add": U.add, "sub": U.sub, "mul": U.mul, "div": U.divide, "tdiv": U.divide,
+              "min": U.minimum, "max": U.maximum, "neg": U.neg, "abs": U.absolute,
+              "clip": U.clamp, "sign": U.sign}
+#: float32 ops, ``fn(builder, *operands)``.
+_FLOAT_OPS = {
+    "exp": U.exp_f32, "sigmoid": U.sigmoid_f32, "tanh": U.tanh_f32, "log": U.log_f32,
+    "log1p": F.log1p_f32, "erf": F.erf_f32, "sqrt": U.sqrt_f32, "pow": F.pow_f32,
+    "round": U.round_half_even,
+    "floor": lambda b, x: U.call_intrinsic(b, "llvm.floor", [x]),
+    "ceil": lambda b, x: U.call_intrinsic(b, "llvm.ceil", [x]),
+}
 
 
 def _inputs_used(node: E, acc: set[int]) -> set[int]:
@@ -395,15 +478,20 @@ def collapse_dims(shape: Sequence[int], strides: Sequence[Sequence[int]]
 
 
 def fused_elementwise(expr: E, inputs: Sequence[TensorSpec], out_dtype: str | None = None,
-                      out_shape: Sequence[int] | None = None,
-                      name: str | None = None) -> CpuKernel:
+                      out_shape: Sequence[int] | None = None, name: str | None = None,
+                      read_as: Sequence[Sequence[int] | None] | None = None) -> CpuKernel:
     """A kernel computing ``expr`` elementwise in one pass.
 
     ``inputs`` are the specs of ``E.input(0)``, ``E.input(1)``, ...; the output shape is
     their numpy broadcast (or ``out_shape``, which they must broadcast to). The output
     dtype is the expression's; ``out_dtype``, if given, must agree (conversions are
-    explicit ``.cast``/``.quantize``). ``name`` defaults to the expression text."""
+    explicit ``.cast``/``.quantize``). ``name`` defaults to the expression text.
+    ``read_as``, per input, is None or another shape with the same number of elements
+    that the input is read as (broadcast) in: a (C,) per-channel vector read as
+    (C, 1, 1) against (N, C, H, W), without a reshape step."""
     inputs = tuple(inputs)
+    shapes = [s.shape if r is None else _same_size(tuple(r), s)
+              for s, r in zip(inputs, read_as or [None] * len(inputs), strict=True)]
     name = name or str(expr)
     typer = _Typer(inputs)
     expr = typer.typed(expr)
@@ -412,7 +500,7 @@ def fused_elementwise(expr: E, inputs: Sequence[TensorSpec], out_dtype: str | No
         raise CpuKernelError(f"{expr}: expression gives {dtype}, out_dtype is {out_dtype} "
                              "(use .cast() or .quantize())")
     try:
-        shape = np.broadcast_shapes(*(s.shape for s in inputs), tuple(out_shape or ()))
+        shape = np.broadcast_shapes(*shapes, tuple(out_shape or ()))
     except ValueError as exc:
         raise CpuKernelError(f"{expr}: inputs do not broadcast: {exc}") from exc
     if out_shape is not None and tuple(out_shape) != shape:
@@ -421,7 +509,7 @@ def fused_elementwise(expr: E, inputs: Sequence[TensorSpec], out_dtype: str | No
 
     module = new_module("elementwise")
     used = sorted(_inputs_used(expr, set()))
-    strides = [U.broadcast_strides(inputs[i].shape, shape) for i in used]
+    strides = [U.broadcast_strides(shapes[i], shape) for i in used]
     loop_shape, loop_strides = collapse_dims(shape, [*strides, U.c_strides(shape)])
     loops = _Loops(expr, typer.types, used, loop_shape, loop_strides)
     fn, b = kernel_function(module, "entry", inputs, [out])
@@ -432,6 +520,12 @@ def fused_elementwise(expr: E, inputs: Sequence[TensorSpec], out_dtype: str | No
         fn, b, begin, end = range_function(module, "entry", inputs, [out])
         loops.emit(fn, b, len(inputs), begin, end)
     return CpuKernel(name, str(module), "entry", inputs, (out,), parallel=parallel)
+
+
+def _same_size(shape: tuple[int, ...], spec: TensorSpec) -> tuple[int, ...]:
+    if int(np.prod(shape)) != spec.size:
+        raise CpuKernelError(f"an input of shape {spec.shape} cannot be read as {shape}")
+    return shape
 
 
 @dataclass(frozen=True)

@@ -24,13 +24,16 @@ import numpy as np
 
 from tessera.errors import CpuKernelError
 
-DTYPES = ("int8", "uint8", "int32", "float32")
+#: Element dtypes of kernel arguments. ``bool`` is numpy's: one byte holding 0 or 1
+#: (comparison outputs, Where conditions); kernels only test it, never do arithmetic on it.
+DTYPES = ("int8", "uint8", "int32", "float32", "bool")
 
 _LLVM_TYPES: dict[str, ir.Type] = {
     "int8": ir.IntType(8),
     "uint8": ir.IntType(8),
     "int32": ir.IntType(32),
     "float32": ir.FloatType(),
+    "bool": ir.IntType(8),
 }
 
 
@@ -64,8 +67,8 @@ class TensorSpec:
 
     @property
     def llvm_type(self) -> ir.Type:
-        """llvmlite type of one element (int8 and uint8 are both i8: signedness lives
-        in the operations)."""
+        """llvmlite type of one element (int8, uint8 and bool are all i8: signedness
+        and truth live in the operations)."""
         return _LLVM_TYPES[self.dtype]
 
     @property

@@ -1,4 +1,4 @@
-"""Data-movement CPU kernels with ONNX semantics: Pad, Transpose, Concat.
+"""Data-movement CPU kernels with ONNX semantics: Pad, Transpose, Concat, Split.
 
 These ops are memory-bound, so the kernels do one pass over memory with the widest
 moves available: contiguous runs become ``llvm.memcpy`` with a constant length (inlined
@@ -10,8 +10,10 @@ while it is in L1.
 Shapes are simplified before code generation (axes of size 1 dropped, axes that stay
 adjacent merged), so e.g. NCHW -> NHWC is a batch of 2-D transposes ``C x HW``.
 
-The emitters :func:`emit_copy`, :func:`emit_fill`, :func:`emit_transpose_2d` and the
-:class:`Scratch` allocator are shared with the other CPU kernel modules.
+The emitters :func:`emit_copy`, :func:`emit_fill`, :func:`emit_transpose_2d` (with
+:func:`transpose_tile_edge`) and the :class:`Scratch` allocator are shared with the
+other CPU kernel modules (the strided views of :mod:`.strided` and the gathers of
+:mod:`.gather` among them).
 """
 from __future__ import annotations
 
@@ -110,10 +112,14 @@ def emit_transpose_2d(b: ir.IRBuilder, src: ir.Value, src_off: int | ir.Value,
     (offsets added), for 8-bit and 32-bit elements.
 
     Full vector tiles run inside 64x64 cache blocks; the ragged right and bottom
-    strips (fewer than a tile) are plain loops."""
-    t = _tile_edge(src.type.pointee)
-    r_full, c_full = rows - rows % t, cols - cols % t
+    strips (fewer than a tile) are plain loops, and so is all of it for element sizes
+    without a tile."""
     g = _Strided(src, src_off, src_stride, dst, dst_off, dst_stride)
+    t = transpose_tile_edge(src.type.pointee)
+    if t is None:
+        _emit_scalar_block(b, g, 0, rows, 0, cols)
+        return
+    r_full, c_full = rows - rows % t, cols - cols % t
     if r_full and c_full:
         _emit_tiled(b, g, r_full, c_full, t)
     # The ragged strips: the reads walk rows contiguously (inner j).
@@ -145,11 +151,10 @@ def _elem_bytes(ty: ir.Type) -> int:
     return 4 if isinstance(ty, ir.FloatType) else ty.width // 8
 
 
-def _tile_edge(ty: ir.Type) -> int:
-    size = _elem_bytes(ty)
-    if size not in (1, 4):
-        raise CpuKernelError(f"transpose: unsupported element size {size} bytes")
-    return 16 if size == 1 else 8
+def transpose_tile_edge(ty: ir.Type) -> int | None:
+    """Edge of the square vector tile :func:`emit_transpose_2d` moves elements of
+    ``ty`` in (None: no tile, element moves only)."""
+    return {1: 16, 4: 8}.get(_elem_bytes(ty))
 
 
 def _emit_tiled(b: ir.IRBuilder, g: _Strided, rows: int, cols: int, t: int) -> None:
@@ -230,7 +235,9 @@ def _emit_scalar_block(b: ir.IRBuilder, g: _Strided, i_lo: int, i_hi: int,
 
 
 # ---------------------------------------------------------------------------------
-# Concat
+# Concat and Split: one tensor is the parts side by side along an axis, so each outer
+# row of the whole is every part's contiguous chunk in turn. Concat copies the chunks
+# into the whole, Split out of it; both are one memcpy per chunk and row.
 
 def build_concat(inputs: Sequence[TensorSpec], axis: int, name: str = "concat") -> CpuKernel:
     """ONNX Concat of ``inputs`` (same dtype and rank, equal except along ``axis``;
@@ -251,71 +258,115 @@ def build_concat(inputs: Sequence[TensorSpec], axis: int, name: str = "concat") 
     out_shape = list(first.shape)
     out_shape[axis] = sum(s.shape[axis] for s in inputs)
     out = TensorSpec(tuple(out_shape), first.dtype)
+    return _build_parts(name, inputs, (out,), out, inputs, axis, split=False)
 
+
+def build_split(spec: TensorSpec, axis: int, sizes: Sequence[int],
+                name: str = "split") -> CpuKernel:
+    """ONNX Split of ``spec`` along ``axis`` (negative counts from the end) into parts
+    of ``sizes`` elements (non-negative, summing to the axis' size). One output per
+    part, the input's dtype."""
+    rank = spec.ndim
+    if not -rank <= axis < rank:
+        raise CpuKernelError(f"Split: axis {axis} is out of range for rank {rank}")
+    axis %= rank
+    sizes = [int(s) for s in sizes]
+    if not sizes or min(sizes) < 0 or sum(sizes) != spec.shape[axis]:
+        raise CpuKernelError(f"Split: sizes {sizes} must be non-negative and sum to the "
+                             f"size {spec.shape[axis]} of axis {axis}")
+    outs = tuple(TensorSpec(spec.shape[:axis] + (s,) + spec.shape[axis + 1:], spec.dtype)
+                 for s in sizes)
+    return _build_parts(name, (spec,), outs, spec, outs, axis, split=True)
+
+
+def _build_parts(name: str, inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...],
+                 whole: TensorSpec, parts: tuple[TensorSpec, ...], axis: int,
+                 split: bool) -> CpuKernel:
+    """The kernel copying ``parts`` into ``whole`` (Concat) or out of it (``split``);
+    the arguments are the inputs then the outputs, as always."""
     module = new_module(name)
-    fn, b = kernel_function(module, "entry", inputs, (out,))
-    outer = prod(first.shape[:axis])
-    chunks = [prod(s.shape[axis:]) for s in inputs]
-    _emit_concat_serial(b, fn.args[:-1], fn.args[-1], outer, chunks)
+    fn, b = kernel_function(module, "entry", inputs, outputs)
+    outer = prod(whole.shape[:axis])
+    chunks = [prod(s.shape[axis:]) for s in parts]
+    _emit_parts_serial(b, *_whole_and_parts(fn.args, split), outer, chunks, split)
     b.ret_void()
-    pieces = _concat_pieces(outer, chunks) if out.size else 1
-    parallel = outer * pieces if out.size and outer * pieces > 1 else 0
+    pieces = _concat_pieces(outer, chunks) if whole.size else 1
+    parallel = outer * pieces if whole.size and outer * pieces > 1 else 0
     if parallel:
-        fn, b, begin, end = range_function(module, "entry", inputs, (out,))
-        _emit_concat_range(b, fn.args[:-3], fn.args[-3], chunks, pieces, begin, end)
+        fn, b, begin, end = range_function(module, "entry", inputs, outputs)
+        whole_arg, part_args = _whole_and_parts(fn.args[:-2], split)
+        _emit_parts_range(b, whole_arg, part_args, chunks, pieces, begin, end, split)
         b.ret_void()
-    return CpuKernel(name, str(module), "entry", inputs, (out,), parallel=parallel)
+    return CpuKernel(name, str(module), "entry", inputs, outputs, parallel=parallel)
 
 
-def _emit_concat_serial(b: ir.IRBuilder, srcs: Sequence[ir.Value], dst: ir.Value,
-                        outer: int, chunks: list[int]) -> None:
+def _whole_and_parts(args: Sequence[ir.Value], split: bool
+                     ) -> tuple[ir.Value, Sequence[ir.Value]]:
+    """The whole tensor's pointer and the parts' among a kernel's pointer arguments."""
+    return (args[0], args[1:]) if split else (args[-1], args[:-1])
+
+
+def _move_chunk(b: ir.IRBuilder, whole: ir.Value, whole_at: int | ir.Value, part: ir.Value,
+                part_at: int | ir.Value, n: int | ir.Value, split: bool) -> None:
+    """Copy ``n`` elements between ``part`` and ``whole`` (a run-time ``n`` if it is an
+    IR value), in the direction of the op."""
+    copy = emit_copy if isinstance(n, int) else emit_copy_n
+    if split:
+        copy(b, part, part_at, whole, whole_at, n)
+    else:
+        copy(b, whole, whole_at, part, part_at, n)
+
+
+def _emit_parts_serial(b: ir.IRBuilder, whole: ir.Value, parts: Sequence[ir.Value],
+                       outer: int, chunks: list[int], split: bool) -> None:
     row = sum(chunks)
     offset = 0
-    for src, chunk in zip(srcs, chunks):
+    for part, chunk in zip(parts, chunks):
         if outer == 1:
-            emit_copy(b, dst, offset, src, 0, chunk)
+            _move_chunk(b, whole, offset, part, 0, chunk, split)
         elif chunk:
             with U.for_range(b, outer, name="cat") as o:
-                emit_copy(b, dst, U.linear_index(b, [o], [row], offset),
-                          src, U.linear_index(b, [o], [chunk]), chunk)
+                _move_chunk(b, whole, U.linear_index(b, [o], [row], offset),
+                            part, U.linear_index(b, [o], [chunk]), chunk, split)
         offset += chunk
 
 
-#: The parallel form of a concat splits each input's contiguous chunk into pieces so
-#: that there are at least this many units of work (for up to that many threads)...
+#: The parallel form of a concat or split splits each part's contiguous chunk into
+#: pieces so that there are at least this many units of work (for up to that many
+#: threads)...
 _CONCAT_UNITS = 64
 #: ...but no piece is shorter than this many elements (a memcpy call each).
 _CONCAT_MIN_PIECE = 1024
 
 
 def _concat_pieces(outer: int, chunks: list[int]) -> int:
-    """Pieces per input chunk in the parallel form (1: split only the outer loop)."""
+    """Pieces per part's chunk in the parallel form (1: split only the outer loop)."""
     if outer >= _CONCAT_UNITS:
         return 1
     want = -(-_CONCAT_UNITS // outer)
     return max(1, min(want, min(c for c in chunks if c) // _CONCAT_MIN_PIECE))
 
 
-def _emit_concat_range(b: ir.IRBuilder, srcs: Sequence[ir.Value], dst: ir.Value,
-                       chunks: list[int], pieces: int, begin: ir.Value,
-                       end: ir.Value) -> None:
-    """Units ``[begin, end)`` of ``outer * pieces``: unit ``u`` copies piece
-    ``u % pieces`` of every input's chunk in outer row ``u // pieces``."""
+def _emit_parts_range(b: ir.IRBuilder, whole: ir.Value, parts: Sequence[ir.Value],
+                      chunks: list[int], pieces: int, begin: ir.Value, end: ir.Value,
+                      split: bool) -> None:
+    """Units ``[begin, end)`` of ``outer * pieces``: unit ``u`` moves piece
+    ``u % pieces`` of every part's chunk in outer row ``u // pieces``."""
     row = sum(chunks)
     with U.for_range(b, end, begin, name="catu") as u:
         o = b.udiv(u, U.i64(pieces)) if pieces > 1 else u
         k = b.urem(u, U.i64(pieces)) if pieces > 1 else None
         offset = 0
-        for src, chunk in zip(srcs, chunks):
-            dst_row = U.linear_index(b, [o], [row], offset)
-            src_row = U.linear_index(b, [o], [chunk])
+        for part, chunk in zip(parts, chunks):
+            whole_row = U.linear_index(b, [o], [row], offset)
+            part_row = U.linear_index(b, [o], [chunk])
             if k is None:
-                emit_copy(b, dst, dst_row, src, src_row, chunk)
+                _move_chunk(b, whole, whole_row, part, part_row, chunk, split)
             elif chunk:
                 lo = b.udiv(b.mul(k, U.i64(chunk)), U.i64(pieces))
                 hi = b.udiv(b.mul(b.add(k, U.i64(1)), U.i64(chunk)), U.i64(pieces))
-                emit_copy_n(b, dst, b.add(dst_row, lo), src, b.add(src_row, lo),
-                            b.sub(hi, lo))
+                _move_chunk(b, whole, b.add(whole_row, lo), part, b.add(part_row, lo),
+                            b.sub(hi, lo), split)
             offset += chunk
 
 

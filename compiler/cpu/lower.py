@@ -6,8 +6,7 @@ each step is one :class:`~.kernel.CpuKernel` (built by the generators of
 (``kernel`` None: a reshape, no computation). Most nodes are one step; the integer
 ``tessera`` nodes are a few (e.g. QConv: int8 convolution to int32, then an elementwise
 requantization), linked by intermediate tensors named ``f"{node.name}:<what>"``.
-:func:`run_cpu_steps` executes steps on numpy arrays (the tests' executor, and a
-reference for runtimes).
+:func:`tessera.runtime.cpu.run_cpu_steps` executes steps on numpy arrays.
 
 Semantics are onnxruntime's (CPU provider) for standard ops and :mod:`..golden.quantized`'s (the golden
 model, itself onnxruntime's x86 integer kernels) for the ``tessera`` nodes. Integer
@@ -24,9 +23,13 @@ Each op's lowering first *plans* its steps (pure Python: checks, constants, expr
 and builds the LLVM IR only when asked, so :func:`cpu_unsupported_reason` answers from
 the same code without generating IR. A few limits only a builder knows (e.g. a pooling
 window too large to unroll) surface from :func:`lower_node_to_cpu` alone. The planning
-vocabulary is :mod:`.lower_plan`; the lowerings are in :mod:`.lower_onnx` (standard ops)
-and :mod:`.lower_quantized` (the ``tessera`` integer nodes), dispatched by
-``(domain, op type)`` here.
+vocabulary is :mod:`.lower_plan`; the lowerings are tables of (op type -> function), one
+module per family, dispatched by ``(domain, op type)`` here: :mod:`.lower_math`
+(elementwise math, comparisons, normalizations), :mod:`.lower_movement` (data movement and
+views), :mod:`.lower_onnx` (casts, Q/DQ, softmax, layer norm, reductions, pooling),
+:mod:`.lower_quantized` (the ``tessera`` integer nodes) and :mod:`.lower_dynamic`
+(dynamic quantization: DynamicQuantizeLinear, ConvInteger, MatMulInteger).
+:func:`cpu_supported_ops` lists what they cover (the conformance suite's claim).
 """
 from __future__ import annotations
 
@@ -40,13 +43,20 @@ from tessera.errors import CompileError, CpuKernelError
 from ..cpu import CpuKernel
 from ..frontend.graph import Graph, Node
 from ..frontend.qdq import DOMAIN
+from .lower_dynamic import DYNAMIC_LOWERINGS
+from .lower_math import MATH_LOWERINGS
+from .lower_movement import MOVEMENT_LOWERINGS
 from .lower_onnx import ONNX_LOWERINGS
 from .lower_plan import LowerFn, NodeLowering, Plan, Unsupported
 from .lower_quantized import QUANTIZED_LOWERINGS
 
-__all__ = ["CpuStep", "cpu_unsupported_reason", "lower_node_to_cpu"]
+__all__ = ["CpuStep", "cpu_supported_ops", "cpu_unsupported_reason",
+           "lower_node_to_cpu"]
 
-_QUANTIZE_HINT = "quantize the model (tessera.compile(..., calibration=...))"
+# compile_model quantizes every float model first, so a float one here stayed float.
+_QUANTIZE_HINT = ("only its int8 form runs, fused from DequantizeLinear -> node -> "
+                  "QuantizeLinear with constant weights; this node stayed in float (the "
+                  "quantizer left it so, or the fusion does not take its form)")
 
 
 # ------------------------------------------------------------------------------ steps
@@ -130,6 +140,13 @@ def cpu_unsupported_reason(graph: Graph, node: Node) -> str | None:
     return None
 
 
+def cpu_supported_ops(domain: str = "") -> frozenset[str]:
+    """The op types of ``domain`` (``""``: standard ONNX; ``"tessera"``: the integer nodes)
+    that have a CPU lowering. A node of such an op may still be refused for an attribute,
+    dtype or rank: :func:`cpu_unsupported_reason` says."""
+    return frozenset(op for d, op in _LOWERINGS if d == domain)
+
+
 # ------------------------------------------------------------------------ planning
 def _plan(graph: Graph, node: Node) -> list[Plan]:
     """The planned steps of ``node``, by its ``(domain, op type)`` lowering."""
@@ -166,7 +183,8 @@ def _check_outputs(graph: Graph, node: Node, step: CpuStep) -> None:
     """A kernel whose outputs disagree with the graph's shapes would corrupt whatever
     reads them: catch it at compile time."""
     if step.kernel is None:
-        written = [(step.shape, graph.values[step.outputs[0]].dtype)]
+        # A view of an intermediate tensor of the node (not in the graph) is unchecked.
+        written = [(step.shape, getattr(graph.values.get(step.outputs[0]), "dtype", None))]
     else:
         written = [(s.shape, s.dtype) for s in step.kernel.outputs]
     for name, (shape, dtype) in zip(step.outputs, written):
@@ -181,5 +199,8 @@ def _check_outputs(graph: Graph, node: Node, step: CpuStep) -> None:
 #: (domain, op type) -> lowering.
 _LOWERINGS: dict[tuple[str, str], LowerFn] = {
     **{("", op): fn for op, fn in ONNX_LOWERINGS.items()},
+    **{("", op): fn for op, fn in MOVEMENT_LOWERINGS.items()},
+    **{("", op): fn for op, fn in MATH_LOWERINGS.items()},
+    **{("", op): fn for op, fn in DYNAMIC_LOWERINGS.items()},
     **{(DOMAIN, op): fn for op, fn in QUANTIZED_LOWERINGS.items()},
 }

@@ -1,6 +1,7 @@
-"""CPU lowerings of the standard ONNX ops (domain ""): elementwise math and casts,
-QuantizeLinear/DequantizeLinear, softmax, layer norm, reductions, pooling, data movement
-and views; :data:`ONNX_LOWERINGS` maps each op type to its lowering (see :mod:`.lower`).
+"""CPU lowerings of the standard ONNX ops (domain ""): casts,
+QuantizeLinear/DequantizeLinear, softmax, layer norm, reductions, pooling;
+:data:`ONNX_LOWERINGS` maps each op type to its lowering (see :mod:`.lower`). Data
+movement and views are :mod:`.lower_movement`'s, elementwise math :mod:`.lower_math`'s.
 """
 from __future__ import annotations
 
@@ -11,9 +12,8 @@ import numpy as np
 from tessera.errors import CpuKernelError
 
 from ..cpu import (DTYPES as KERNEL_DTYPES, CpuKernel, E, TensorSpec, build_average_pool,
-                  build_concat, build_global_average_pool, build_global_max_pool,
-                  build_max_pool, build_pad, build_resize, build_transpose, layer_norm,
-                  log_softmax, maximum, minimum, reduction, softmax)
+                  build_global_average_pool, build_global_max_pool, build_max_pool,
+                  layer_norm, log_softmax, reduction, softmax)
 from .lower_plan import (QUANT_DTYPES, LowerFn, NodeLowering, Operands, Plan, Unsupported,
                          first_input, lower_view, single_step)
 from .pool import Window
@@ -23,44 +23,6 @@ __all__ = ["ONNX_LOWERINGS", "pool_window"]
 
 # ------------------------------------------------------------------- elementwise ops
 FLOAT_ONLY = ("float32",)
-
-
-def _unary(fn: Callable[[E], E], dtypes: Sequence[str] = KERNEL_DTYPES) -> LowerFn:
-    """Relu, Sigmoid, Tanh, Exp, Neg, Abs: ``fn`` of the input."""
-    def lower(low: NodeLowering) -> list[Plan]:
-        ops = Operands()
-        x = ops.tensor(low, low.node.input(0), dtypes)
-        out = low.output()
-        return [ops.plan(fn(x), out.name, out.shape, out.dtype)]
-    return lower
-
-
-def _binary(fn: Callable[[E, E], E], dtypes: Sequence[str] = KERNEL_DTYPES) -> LowerFn:
-    """Add, Sub, Mul, Div and the variadic Max, Min (folded pairwise), with numpy
-    broadcasting."""
-    def lower(low: NodeLowering) -> list[Plan]:
-        names = [n for n in low.node.inputs if n]
-        low.require(bool(names), "it has no inputs")
-        ops = Operands()
-        terms = [ops.tensor(low, n, dtypes) for n in names]
-        expr = terms[0]
-        for term in terms[1:]:
-            expr = fn(expr, term)
-        out = low.output()
-        return [ops.plan(expr, out.name, out.shape, out.dtype)]
-    return lower
-
-
-def _clip(low: NodeLowering) -> list[Plan]:
-    ops = Operands()
-    expr = ops.tensor(low, low.node.input(0))
-    # np.clip's order (max, then min), which is onnxruntime's too.
-    if low.node.input(1):
-        expr = maximum(expr, ops.tensor(low, low.node.input(1)))
-    if low.node.input(2):
-        expr = minimum(expr, ops.tensor(low, low.node.input(2)))
-    out = low.output()
-    return [ops.plan(expr, out.name, out.shape, out.dtype)]
 
 
 def _cast(low: NodeLowering) -> list[Plan]:
@@ -243,91 +205,11 @@ def _global_pool(builder: Callable[..., CpuKernel]) -> LowerFn:
     return lower
 
 
-# ----------------------------------------------------------------------- data movement
-def _pad(low: NodeLowering) -> list[Plan]:
-    x = low.spec(first_input(low))
-    low.require(not low.node.input(3), "the axes input (opset 18) is not supported")
-    pads = low.const(low.node.input(1), "pads").reshape(-1).astype(np.int64).tolist()
-    low.require(len(pads) == 2 * x.ndim, f"pads {pads} need {2 * x.ndim} values")
-    low.require(min(pads, default=0) >= 0, f"pads {pads} are negative (cropping); crop with "
-                "Slice in the model instead")
-    mode = low.attr("mode", "constant")
-    low.require(mode in ("constant", "edge", "reflect"), f"mode {mode!r} is not supported "
-                "(constant, edge, reflect)")
-    if mode == "reflect":
-        low.require(all(max(pads[k], pads[k + x.ndim]) < x.shape[k]
-                        for k in range(x.ndim) if pads[k] or pads[k + x.ndim]),
-                    "reflect pads must be smaller than the padded axis")
-    value = low.optional_const(2, "constant_value")
-    fill = 0 if value is None else value.reshape(-1)[0].item()
-    return single_step(low, build_pad, x, pads, mode, fill, inputs=[first_input(low)])
-
-
-def _transpose(low: NodeLowering) -> list[Plan]:
-    x = low.spec(first_input(low))
-    perm = low.attr("perm")
-    perm = list(range(x.ndim))[::-1] if perm is None else [int(p) for p in perm]
-    low.require(sorted(perm) == list(range(x.ndim)), f"perm {perm} is not a permutation")
-    return single_step(low, build_transpose, x, perm)
-
-
-def _concat(low: NodeLowering) -> list[Plan]:
-    names = [n for n in low.node.inputs if n]
-    specs = [low.spec(n) for n in names]
-    low.require(len({s.dtype for s in specs}) == 1, "its inputs have different dtypes")
-    axis = low.attr("axis")
-    low.require(axis is not None and -specs[0].ndim <= axis < specs[0].ndim,
-                f"axis {axis} is missing or out of range")
-    return single_step(low, build_concat, specs, axis, inputs=names)
-
-
-_RESIZE_COORDS = ("half_pixel", "asymmetric", "align_corners", "pytorch_half_pixel")
-_RESIZE_NEAREST = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
-
-
-def _resize(low: NodeLowering) -> list[Plan]:
-    low.rank4(first_input(low))
-    mode = low.attr("mode", "nearest")
-    coords = low.attr("coordinate_transformation_mode", "half_pixel")
-    nearest = low.attr("nearest_mode", "round_prefer_floor")
-    low.require(mode in ("nearest", "linear"), f"mode {mode!r} is not supported (nearest, "
-                "linear)")
-    low.require(coords in _RESIZE_COORDS, f"coordinate_transformation_mode {coords!r} is not "
-                f"supported ({', '.join(_RESIZE_COORDS)})")
-    low.require(nearest in _RESIZE_NEAREST, f"nearest_mode {nearest!r} is not supported")
-    x = low.spec(first_input(low), FLOAT_ONLY if mode == "linear" else KERNEL_DTYPES)
-    scales = low.optional_const(2, "scales")
-    sizes = low.optional_const(3, "sizes")
-    low.require((scales is None) != (sizes is None), "give exactly one of scales and sizes")
-    given = (scales if sizes is None else sizes).reshape(-1)
-    keep = [1.0, 1.0] if sizes is None else list(x.shape[:2])
-    low.require(given.size == 4 and given[:2].tolist() == keep,
-                f"{'scales' if sizes is None else 'sizes'} {given.tolist()} must have 4 "
-                "values keeping N and C (only H and W are resized)")
-    return single_step(low, build_resize, x,
-                       None if scales is None else scales.reshape(-1).tolist(),
-                       None if sizes is None else sizes.reshape(-1).tolist(), mode, coords,
-                       nearest, inputs=[first_input(low)])
-
-
 # ---------------------------------------------------------------------- dispatch table
 #: op type -> lowering.
 ONNX_LOWERINGS: dict[str, LowerFn] = {
     "QuantizeLinear": _quantize_linear,
     "DequantizeLinear": _dequantize_linear,
-    "Relu": _unary(E.relu),
-    "Clip": _clip,
-    "Sigmoid": _unary(E.sigmoid, FLOAT_ONLY),
-    "Tanh": _unary(E.tanh, FLOAT_ONLY),
-    "Exp": _unary(E.exp, FLOAT_ONLY),
-    "Neg": _unary(lambda x: -x, ("float32", "int8", "int32")),
-    "Abs": _unary(abs),
-    "Add": _binary(lambda x, y: x + y),
-    "Sub": _binary(lambda x, y: x - y),
-    "Mul": _binary(lambda x, y: x * y),
-    "Div": _binary(lambda x, y: x / y, FLOAT_ONLY),
-    "Max": _binary(maximum),
-    "Min": _binary(minimum),
     "Cast": _cast,
     "Softmax": _softmax(log=False),
     "LogSoftmax": _softmax(log=True),
@@ -337,9 +219,4 @@ ONNX_LOWERINGS: dict[str, LowerFn] = {
     "AveragePool": _average_pool,
     "GlobalAveragePool": _global_pool(build_global_average_pool),
     "GlobalMaxPool": _global_pool(build_global_max_pool),
-    "Pad": _pad,
-    "Transpose": _transpose,
-    "Concat": _concat,
-    "Resize": _resize,
-    **{op: lower_view for op in ("Flatten", "Reshape", "Squeeze", "Unsqueeze", "Identity")},
 }

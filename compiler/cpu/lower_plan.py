@@ -74,8 +74,9 @@ class NodeLowering:
     def const(self, name: str, what: str) -> np.ndarray:
         """The data of constant tensor ``name`` (the op's ``what``)."""
         data = self.graph.const(name) if name else None
-        self.require(data is not None, f"its {what} ({name!r}) must be a constant (the CPU "
-                     "kernels are generated for fixed values); fold it in the model")
+        self.require(data is not None, f"its {what} ({name!r}) must be a constant: the CPU "
+                     "kernels are generated for fixed values, and this one is computed "
+                     "while the model runs")
         return data
 
     def optional_const(self, i: int, what: str) -> np.ndarray | None:
@@ -143,7 +144,9 @@ class Operands:
     def plan(self, expr: E, output: str, shape: Sequence[int], dtype: str,
              suffix: str | None = None) -> Plan:
         if not self.specs:
-            raise Unsupported("all its inputs are constants; fold it in the model")
+            raise Unsupported("all its inputs are constants that import did not fold (a "
+                              "result over the folding limit, FOLD_LIMIT_BYTES, stays a "
+                              "node); a CPU kernel needs at least one computed input")
         specs, shape = tuple(self.specs), tuple(shape)
 
         def build() -> CpuKernel:

@@ -1,7 +1,10 @@
 """CPU lowerings of the integer ``tessera`` nodes QDQ fusion makes (QConv, QGemm, QAdd,
-QMaxPool, QGlobalAveragePool), bit-exact with :mod:`..golden.quantized`: int8
-convolution / matmul to int32 then a requantization step, or a single fused kernel;
+QMaxPool, QGlobalAveragePool, QAveragePool), bit-exact with :mod:`..golden.quantized`:
+int8 convolution / matmul to int32 then a requantization step, or a single fused kernel;
 :data:`QUANTIZED_LOWERINGS` maps each op type to its lowering (see :mod:`.lower`).
+Weights beyond int8 (asymmetric uint8 weights minus their zero points, up to +-255) are
+two int8 halves whose int32 results are added; QAdd and QAveragePool of a node shifted
+from uint8 compute on the model's uint8 values (:mod:`..frontend.qshift`).
 """
 from __future__ import annotations
 
@@ -11,14 +14,17 @@ import numpy as np
 
 from tessera.isa.requant import requant_scale
 
-from ..cpu import (E, TensorSpec, build_conv_int8, build_matmul_int8, build_max_pool,
-                  minimum, reduction)
+from ..cpu import (E, TensorSpec, build_average_pool, build_conv_int8, build_matmul_int8,
+                  build_max_pool, minimum, reduction)
 from ..frontend.graph import Node
+from ..frontend.qdq import pool_output_size
+from ..frontend.qlinear import qlinear_add_coefficients
+from ..frontend.qshift import model_domain, qadd_reference
 from .lower_onnx import pool_window
 from .lower_plan import (QUANT_DTYPES, LowerFn, NodeLowering, Operands, Plan, first_input,
                          single_step)
 
-__all__ = ["QUANTIZED_LOWERINGS"]
+__all__ = ["QUANTIZED_LOWERINGS", "signed_input", "tap_weight_sums"]
 
 #: Above this many corrected (a, b) pairs a QAdd kernel would get slow. Not seen in
 #: practice: over 300 random scale sets the float32 formula without FMA needed 0.09
@@ -26,7 +32,7 @@ __all__ = ["QUANTIZED_LOWERINGS"]
 _QADD_MAX_PATCHES = 64
 
 
-def _signed_input(low: NodeLowering, zero_point: int
+def signed_input(low: NodeLowering, zero_point: int
                   ) -> tuple[str, TensorSpec, int, list[Plan]]:
     """The node's input 0 as int8 for the int8 convolution / matmul kernels: uint8 is
     shifted down by 128 (an extra step), which moves its zero point by as much, so
@@ -43,11 +49,22 @@ def _signed_input(low: NodeLowering, zero_point: int
 
 def _weight(low: NodeLowering, ndim: int) -> np.ndarray:
     w = low.const(low.node.input(1), "weight")
-    low.require(w.dtype == np.int8 and w.ndim == ndim, f"its weight is {w.dtype}"
-                f"{list(w.shape)}, expected int8 of rank {ndim}")
+    low.require(w.dtype in (np.int8, np.int16) and w.ndim == ndim, f"its weight is "
+                f"{w.dtype}{list(w.shape)}, expected int8 (or int16) of rank {ndim}")
+    low.require(int(np.abs(w.astype(np.int64)).max(initial=0)) <= 255,
+                "its weights exceed +-255 (an 8-bit weight minus its zero point)")
     low.require(not np.any(np.asarray(low.attr("w_zero_point", 0))),
                 "nonzero weight zero points are not supported")
     return w
+
+
+def _int8_parts(w: np.ndarray) -> list[np.ndarray]:
+    """``w`` as int8 arrays summing to it: itself, or (for values up to +-255) its part
+    clipped to int8 and the rest."""
+    if w.dtype == np.int8:
+        return [w]
+    head = np.clip(w, -128, 127).astype(np.int8)
+    return [head, (w.astype(np.int16) - head).astype(np.int8)]
 
 
 def _bias(low: NodeLowering, channels: int) -> np.ndarray:
@@ -64,9 +81,9 @@ def _wrap_int32(values: np.ndarray) -> np.ndarray:
     return np.asarray(values, np.int64).astype(np.int32)
 
 
-def _requantize(low: NodeLowering, acc: str, acc_shape: Sequence[int], offset: np.ndarray,
-                scale: np.ndarray, channel_shape: Sequence[int]) -> Plan:
-    """The node's output from the int32 accumulator ``acc``: qref's ``_requantize``,
+def _requantize(low: NodeLowering, accs: Sequence[str], acc_shape: Sequence[int],
+                offset: np.ndarray, scale: np.ndarray, channel_shape: Sequence[int]) -> Plan:
+    """The node's output from the int32 accumulators ``accs`` (summed): qref's ``_requantize``,
     ``clip(rint(f32(acc + offset) * scale) + y_zp, y_min, y_max)``, with one float32
     multiply and round-half-even; clipping after rounding equals onnxruntime's clamp
     before it because the bounds are integers. ``offset`` (int32, broadcast against
@@ -74,7 +91,9 @@ def _requantize(low: NodeLowering, acc: str, acc_shape: Sequence[int], offset: n
     per channel (reshaped to ``channel_shape``)."""
     out = low.output()
     ops = Operands()
-    expr = ops.add(acc, TensorSpec(tuple(acc_shape), "int32"))
+    expr = ops.add(accs[0], TensorSpec(tuple(acc_shape), "int32"))
+    for acc in accs[1:]:
+        expr = expr + ops.add(acc, TensorSpec(tuple(acc_shape), "int32"))
     if np.any(offset):
         expr = expr + ops.array(low.tmp("offset"), _wrap_int32(offset))
     if np.all(scale == scale.reshape(-1)[0]):
@@ -118,7 +137,7 @@ def _qconv(low: NodeLowering) -> list[Plan]:
     low.rank4(first_input(low))
     w = _weight(low, 4)
     out = low.output()
-    x_int8, x, x_zp, plans = _signed_input(low, int(a["x_zero_point"]))
+    x_int8, x, x_zp, plans = signed_input(low, int(a["x_zero_point"]))
     geometry = {"strides": [int(s) for s in a.get("strides", [1, 1])],
                 "pads": [int(p) for p in a.get("pads", [0, 0, 0, 0])],
                 "dilations": [int(d) for d in a.get("dilations", [1, 1])],
@@ -127,23 +146,26 @@ def _qconv(low: NodeLowering) -> list[Plan]:
     low.require(x.shape[1] == w.shape[1] * geometry["group"] and m % geometry["group"] == 0,
                 f"weight {list(w.shape)} and group {geometry['group']} do not fit input "
                 f"channels {x.shape[1]}")
-    offset = _bias(low, m)[:, None, None] - x_zp * _tap_weight_sums(
+    offset = _bias(low, m)[:, None, None] - x_zp * tap_weight_sums(
         w, x.shape[2:], out.shape[2:], geometry["strides"], geometry["pads"],
         geometry["dilations"])
     if np.all(offset == offset[:, :1, :1]):
         offset = offset[:, :1, :1]      # no tap in the padding: one offset per channel
-    acc = low.tmp("acc")
     acc_shape = (x.shape[0], m, *out.shape[2:])
     w_spec = TensorSpec(w.shape, "int8")
-    plans.append(Plan("conv", (x_int8, low.node.input(1)), (acc,),
-                       lambda: build_conv_int8(x, w_spec, False, **geometry),
-                       {low.node.input(1): w}))
-    plans.append(_requantize(low, acc, acc_shape, offset[None], _channel_scales(low, m),
+    accs = []
+    for k, part in enumerate(_int8_parts(w)):
+        suffix = f"conv{k or ''}"
+        w_name = low.node.input(1) if part is w else low.tmp(f"weight{k}")
+        accs.append(low.tmp(f"acc{k or ''}"))
+        plans.append(Plan(suffix, (x_int8, w_name), (accs[-1],),
+                          lambda: build_conv_int8(x, w_spec, False, **geometry), {w_name: part}))
+    plans.append(_requantize(low, accs, acc_shape, offset[None], _channel_scales(low, m),
                              (1, m, 1, 1)))
     return plans
 
 
-def _tap_weight_sums(w: np.ndarray, in_hw: Sequence[int], out_hw: Sequence[int],
+def tap_weight_sums(w: np.ndarray, in_hw: Sequence[int], out_hw: Sequence[int],
                      strides: Sequence[int], pads: Sequence[int],
                      dilations: Sequence[int]) -> np.ndarray:
     """``(M, OH, OW)``: per output channel and pixel, the sum of the weights whose taps
@@ -167,16 +189,18 @@ def _qgemm(low: NodeLowering) -> list[Plan]:
     x_shape = low.value(first_input(low)).shape
     low.require(len(x_shape) == 2 and x_shape[1] == w.shape[1],
                 f"input {list(x_shape)} does not fit weight {list(w.shape)} (x @ w.T)")
-    x_int8, x, x_zp, plans = _signed_input(low, int(a["x_zero_point"]))
+    x_int8, x, x_zp, plans = signed_input(low, int(a["x_zero_point"]))
     n = w.shape[0]
     offset = _bias(low, n) - x_zp * w.astype(np.int64).sum(axis=1)
-    weight_t = low.tmp("weight_t")
-    wt = np.ascontiguousarray(w.T)
-    acc = low.tmp("acc")
-    plans.append(Plan("matmul", (x_int8, weight_t), (acc,),
-                       lambda: build_matmul_int8(x, TensorSpec(wt.shape, "int8")),
-                       {weight_t: wt}))
-    plans.append(_requantize(low, acc, (x.shape[0], n), offset[None],
+    wt_spec = TensorSpec(w.shape[::-1], "int8")
+    accs = []
+    for k, part in enumerate(_int8_parts(w)):
+        weight_t = low.tmp(f"weight_t{k or ''}")
+        accs.append(low.tmp(f"acc{k or ''}"))
+        plans.append(Plan(f"matmul{k or ''}", (x_int8, weight_t), (accs[-1],),
+                          lambda: build_matmul_int8(x, wt_spec),
+                          {weight_t: np.ascontiguousarray(part.T)}))
+    plans.append(_requantize(low, accs, (x.shape[0], n), offset[None],
                              _channel_scales(low, n), (1, n)))
     return plans
 
@@ -219,16 +243,18 @@ def _qadd(low: NodeLowering) -> list[Plan]:
     pairs whose result differs. Those pairs are found at compile time by evaluating both
     formulas over every pair of 8-bit values (65,536): there are 0 to 2 of them for typical
     scales, each a ``delta * [a == a0] * [b == b0]`` term. The result is bit-exact with
-    qref on every input."""
-    p = low.require_attrs("a_scale", "a_zero_point", "b_scale", "b_zero_point", "y_scale",
-                          "y_zero_point", "y_min", "y_max")
+    qref on every input. A node shifted from uint8 computes on ``a + 128``, ``b + 128``
+    with the model's zero points and subtracts 128 from the result."""
+    low.require_attrs("a_scale", "a_zero_point", "b_scale", "b_zero_point", "y_scale",
+                      "y_zero_point", "y_min", "y_max")
+    offset, p = model_domain(low.node.attrs)
     a_spec = low.spec(low.node.input(0), QUANT_DTYPES)
     b_spec = low.spec(low.node.input(1), QUANT_DTYPES)
     low.require(a_spec.shape == b_spec.shape, "its inputs have different shapes")
     out = low.output()
     low.spec(out.name, QUANT_DTYPES)
     ra, rb, fixed = _qadd_coefficients(p)
-    info = np.iinfo(a_spec.dtype)
+    info = np.iinfo("uint8" if offset else a_spec.dtype)
     lo, hi = max(info.min, int(p["y_min"])), min(info.max, int(p["y_max"]))
     low.require(lo <= hi, f"y_min {p['y_min']} / y_max {p['y_max']} are empty for "
                 f"{a_spec.dtype}")
@@ -239,16 +265,20 @@ def _qadd(low: NodeLowering) -> list[Plan]:
     ops = Operands()
     a = ops.add(low.node.input(0), a_spec)
     b = ops.add(low.node.input(1), b_spec)
-    t = a.cast("float32") * float(ra) + (b.cast("float32") * float(rb) + float(fixed))
+    a_model, b_model = (v.cast("int32") + offset if offset else v for v in (a, b))
+    t = a_model.cast("float32") * float(ra) + (b_model.cast("float32") * float(rb)
+                                               + float(fixed))
     y = t.quantize(1.0, 0, "int32").clip(lo, hi)
+    if offset:
+        y = y - offset
     for a0, b0, delta in patches:
         y = y + delta * _equals(a, a0) * _equals(b, b0)
     return [ops.plan(y.cast(out.dtype), out.name, out.shape, out.dtype)]
 
 
 def _qadd_coefficients(p: dict[str, Any]) -> tuple[np.float32, np.float32, np.float32]:
-    """rA, rB and ``fixed``, in float32 exactly as qref and MLAS compute them."""
-    from ..frontend.qlinear import qlinear_add_coefficients
+    """rA, rB and ``fixed`` of parameters ``p`` (the model's domain), in float32 exactly as
+    qref and MLAS compute them."""
     return qlinear_add_coefficients(p["a_scale"], p["a_zero_point"], p["b_scale"],
                                     p["b_zero_point"], p["y_scale"], p["y_zero_point"])
 
@@ -256,24 +286,61 @@ def _qadd_coefficients(p: dict[str, Any]) -> tuple[np.float32, np.float32, np.fl
 def _qadd_patches(node: Node, a_dtype: str, b_dtype: str,
                   coefficients: tuple[np.float32, np.float32, np.float32],
                   bounds: tuple[int, int]) -> list[tuple[int, int, int]]:
-    """``(a0, b0, delta)`` for every pair of input values where the kernel's formula
-    (mirrored here in numpy float32, which rounds as the kernel does) differs from qref."""
-    from ..frontend.qlinear import qlinear_add_reference
-
+    """``(a0, b0, delta)`` for every pair of stored input values where the kernel's
+    formula (mirrored here in numpy float32, which rounds as the kernel does; ``bounds``
+    in the model's domain) differs from qref."""
     ia, ib = np.iinfo(a_dtype), np.iinfo(b_dtype)
     a, b = np.meshgrid(np.arange(ia.min, ia.max + 1).astype(a_dtype),
                        np.arange(ib.min, ib.max + 1).astype(b_dtype), indexing="ij")
+    offset, _ = model_domain(node.attrs)
     ra, rb, fixed = coefficients
     f32 = np.float32
-    t = (a.astype(f32) * ra).astype(f32) + ((b.astype(f32) * rb).astype(f32) + fixed)
-    kernel = np.clip(np.rint(t.astype(f32)), *bounds).astype(np.int64)
-    p = node.attrs
-    golden = qlinear_add_reference(a, b, p["a_scale"], p["a_zero_point"], p["b_scale"],
-                                   p["b_zero_point"], p["y_scale"], p["y_zero_point"],
-                                   p["y_min"], p["y_max"])
+    a_model, b_model = ((v.astype(np.int64) + offset).astype(f32) for v in (a, b))
+    t = (a_model * ra).astype(f32) + ((b_model * rb).astype(f32) + fixed)
+    kernel = np.clip(np.rint(t.astype(f32)), *bounds).astype(np.int64) - offset
+    golden = qadd_reference(a, b, node.attrs)
     where = np.nonzero(kernel != golden)
     return [(int(a[i, j]), int(b[i, j]), int(golden[i, j] - kernel[i, j]))
             for i, j in zip(*where)]
+
+
+def _qaverage_pool(low: NodeLowering) -> list[Plan]:
+    """QAveragePool as onnxruntime's QLinearAveragePool (qref): three steps in float32,
+    dequantize ``x_scale * f32(x - x_zp)``, the float average pool (its taps summed from
+    0 in row-major order, divided by the count: onnxruntime's order and roundings), then
+    ``rint(avg / y_scale + y_zp)`` saturated and clamped. ``ceil_mode`` is the same pool
+    with the end padding that makes its last window."""
+    a = low.require_attrs("kernel_shape", "strides", "pads", "ceil_mode", "count_include_pad",
+                          "x_scale", "x_zero_point", "y_scale", "y_zero_point", "y_min",
+                          "y_max")
+    low.rank4(first_input(low))
+    x = low.spec(first_input(low), QUANT_DTYPES)
+    out = low.output()
+    offset, m = model_domain(a)
+    kernel, strides = [int(k) for k in a["kernel_shape"]], [int(s) for s in a["strides"]]
+    pads = [int(p) for p in a["pads"]]
+    for i in range(2):
+        size = pool_output_size(x.shape[2 + i], pads[i], pads[i + 2], kernel[i], strides[i],
+                                int(a["ceil_mode"]))
+        low.require(size == out.shape[2 + i], f"its output {list(out.shape)} is not the "
+                    "pool's")
+        pads[i + 2] = max(pads[i + 2], (size - 1) * strides[i] + kernel[i] - x.shape[2 + i]
+                          - pads[i])
+    ops = Operands()
+    real = ops.add(first_input(low), x).dequantize(float(a["x_scale"]), int(a["x_zero_point"]))
+    plans = [ops.plan(real, low.tmp("real"), x.shape, "float32", suffix="real")]
+    real_spec = TensorSpec(x.shape, "float32")
+    plans.append(Plan("mean", (low.tmp("real"),), (low.tmp("mean"),),
+                      lambda: build_average_pool(real_spec, kernel, strides, pads, None,
+                                                 int(a["count_include_pad"]))))
+    ops = Operands()
+    mean = ops.add(low.tmp("mean"), TensorSpec(out.shape, "float32"))
+    info = np.iinfo("uint8" if offset else out.dtype)
+    lo, hi = max(info.min, int(m["y_min"])), min(info.max, int(m["y_max"]))
+    y = (mean / float(a["y_scale"]) + float(m["y_zero_point"])).round().clip(lo, hi)
+    y = (y - offset if offset else y).quantize(1.0, 0, out.dtype)
+    plans.append(ops.plan(y, out.name, out.shape, out.dtype))
+    return plans
 
 
 def _equals(x: E, value: int) -> E:
@@ -289,4 +356,5 @@ QUANTIZED_LOWERINGS: dict[str, LowerFn] = {
     "QAdd": _qadd,
     "QMaxPool": _qmax_pool,
     "QGlobalAveragePool": _qglobal_average_pool,
+    "QAveragePool": _qaverage_pool,
 }

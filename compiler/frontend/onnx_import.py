@@ -2,10 +2,13 @@
 
 Import checks the model the way the rest of the compiler needs it (a supported opset,
 the ONNX checker, static shapes for every tensor) and turns each failure into a
-:class:`~tessera.errors.CompileError` that names the node and says what to do. The
-graph it returns speaks ONNX opset :data:`IR_OPSET`: models exported at another opset
-(13 or later) are converted with ``onnx.version_converter`` first, so every later pass
-and :func:`to_onnx` see one version of each operator.
+:class:`~tessera.errors.CompileError` that names the node and says what to do. It takes
+models of any opset from :data:`MIN_OPSET` (7) to the newest ONNX knows and of any IR
+version: old-IR models are repaired, ops newer than opset :data:`IR_OPSET` expanded to
+the ONNX functions that define them, and every model is converted to opset
+:data:`IR_OPSET` (:mod:`.upgrade`), so every later pass and :func:`to_onnx` see one
+version of each operator. Shapes computed at run time and ``If`` on them are folded
+once ``input_shapes`` fixes the inputs (:mod:`.shapes`).
 
 ``to_onnx`` writes a graph back as a model onnxruntime runs, which is how the tests
 check that import and every later pass keep the model's meaning.
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -22,30 +25,18 @@ import onnx.inliner
 import onnx.version_converter
 from google.protobuf.message import DecodeError
 from onnx import AttributeProto, helper, numpy_helper
-from onnx.reference import ReferenceEvaluator
 
-from tessera.errors import CompileError
+from tessera.errors import CLI, PYTHON, CompileError, input_shape_fix
 
 from .graph import DTYPES, Graph, Node, Value
+from .qoperator import expand_qoperators
+from .shapes import (FOLD_LIMIT_BYTES, SHAPE_ONLY, constant_data, evaluate_proto,
+                     fold_shape_subgraphs, foldable_op, refuse_control_flow)
+from .upgrade import (DEFAULT_DOMAINS, IR_OPSET, MIN_OPSET, attach_weights, check_opset,
+                      convert_opset, detach_weights, expand_newer_ops, repair_ir)
 
-__all__ = ["FOLD_LIMIT_BYTES", "IR_OPSET", "MIN_OPSET", "fold_constants", "import_onnx",
-           "to_onnx"]
-
-#: The opset of the IR: imported models are converted to it, :func:`to_onnx` writes it.
-IR_OPSET = 17
-#: The oldest default-domain opset import accepts (QDQ per-channel needs 13).
-MIN_OPSET = 13
-#: :func:`fold_constants` keeps a node whose outputs would be larger than this.
-FOLD_LIMIT_BYTES = 16 << 20
-
-#: Ops never folded: the quantizer wants int8 weights behind their DequantizeLinear, and
-#: random ops must not be frozen to one draw.
-_NO_FOLD = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear",
-                      "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"})
-#: Ops whose result depends only on their input's (static) shape: folded whatever the input.
-_SHAPE_ONLY = frozenset({"Shape", "Size"})
-_DEFAULT_DOMAINS = ("", "ai.onnx")
-_SUBGRAPH_TYPES = (AttributeProto.GRAPH, AttributeProto.GRAPHS)
+__all__ = ["FOLD_LIMIT_BYTES", "IR_OPSET", "MIN_OPSET", "evaluate_proto", "fold_constants",
+           "import_onnx", "node_proto", "to_onnx"]
 
 ModelSource = onnx.ModelProto | str | Path | bytes
 
@@ -55,25 +46,35 @@ def import_onnx(model: ModelSource,
                 input_shapes: Mapping[str, Sequence[int]] | None = None) -> Graph:
     """Load, check and shape an ONNX model and return it as a :class:`Graph`.
 
-    ``model`` is a ModelProto (not modified), a file path or serialized bytes.
-    ``input_shapes`` gives the shape of inputs with dynamic dims (``{"x": (1, 3, 224,
-    224)}``); it must agree with the model's static dims. Initializers and ``Constant``
-    nodes become constants, constant subgraphs are folded (:func:`fold_constants`) and
-    unused nodes removed. Raises :class:`CompileError` for anything the compiler cannot
-    take, naming the node, tensor or attribute to blame.
+    ``model`` is a ModelProto (not modified), a file path or serialized bytes, of ONNX
+    opset 7 to the newest and any IR version; it is converted to opset :data:`IR_OPSET`
+    (logged at INFO on the ``tessera.compiler`` logger). ``input_shapes`` gives the shape
+    of inputs with dynamic dims (``{"x": (1, 3, 224, 224)}``); it must agree with the
+    model's static dims. Initializers (also those listed as graph inputs) and ``Constant``
+    nodes become constants; shapes computed in the graph, constant subgraphs and ``If``
+    on a constant condition are folded (:func:`~.shapes.fold_shape_subgraphs`,
+    :func:`fold_constants`) and unused nodes removed. Raises :class:`CompileError` for
+    anything the compiler cannot take, naming the node, tensor or attribute to blame.
     """
     proto, source = _load(model)
-    opset = _default_opset(proto, source)
+    repair_ir(proto, source)
+    opset = check_opset(proto, source)
     if proto.functions:
         # Local functions (PyTorch's dynamo exporter) are plain subgraphs once inlined.
         proto = onnx.inliner.inline_local_functions(proto)
     _name_nodes(proto.graph)
+    expand_qoperators(proto)  # QOperator nodes as DQ -> float op -> Q
     _check_nodes(proto.graph)
-    _run_checker(proto, source)
+    # Before the checker, which refuses an input without a shape that input_shapes gives.
     _set_input_shapes(proto.graph, dict(input_shapes or {}))
+    _run_checker(proto, source)
+    if opset > IR_OPSET:
+        proto = expand_newer_ops(proto, opset)
+    fold_shape_subgraphs(proto, opset)
+    refuse_control_flow(proto.graph)
     if opset != IR_OPSET:
-        proto = _convert_opset(proto, opset, source)
-        _name_nodes(proto.graph)
+        proto = convert_opset(proto, opset, source)
+    _name_nodes(proto.graph)  # the converter's and inlined branches' nodes too
     proto = _infer_shapes(proto)
     graph = _build_graph(proto)
     for node in graph.nodes:
@@ -117,20 +118,6 @@ def _parse(load: Any, source: str) -> onnx.ModelProto:
                            f"the model again") from exc
 
 
-def _default_opset(proto: onnx.ModelProto, source: str) -> int:
-    versions = [o.version for o in proto.opset_import if o.domain in _DEFAULT_DOMAINS]
-    newest = onnx.defs.onnx_opset_version()
-    if not versions:
-        raise CompileError(f"{source} imports no opset of the default ONNX domain; export "
-                           f"it with opset {IR_OPSET}")
-    if not MIN_OPSET <= versions[0] <= newest:
-        raise CompileError(
-            f"{source} uses ONNX opset {versions[0]}, but the compiler takes opsets "
-            f"{MIN_OPSET} to {newest}; convert it with onnx.version_converter."
-            f"convert_version(model, {IR_OPSET}) or export it with opset_version={IR_OPSET}")
-    return versions[0]
-
-
 def _name_nodes(graph: onnx.GraphProto) -> None:
     """Give unnamed nodes (and repeated names) unique names, so every message and pass can
     point at a node."""
@@ -152,17 +139,11 @@ def _check_nodes(graph: onnx.GraphProto) -> None:
     producer = {out: node for node in graph.node for out in node.output}
     for node in graph.node:
         where = f"{node.op_type} node {node.name!r}"
-        if node.domain not in _DEFAULT_DOMAINS:
+        if node.domain not in DEFAULT_DOMAINS:
             raise CompileError(
                 f"{where} is in operator domain {node.domain!r}; the compiler takes only "
                 f"standard ONNX ops (for onnxruntime's quantizer: use QuantFormat.QDQ without "
                 f"the UseQDQContribOps option)", op=node.name)
-        for attr in node.attribute:
-            if attr.type in _SUBGRAPH_TYPES:
-                raise CompileError(
-                    f"{where} has subgraph attribute {attr.name!r}; the compiler takes no "
-                    f"control flow (export the model with it unrolled or resolved)",
-                    op=node.name)
         for tensor in node.input:
             if tensor not in defined:
                 raise CompileError(_undefined_message(where, tensor, producer.get(tensor)),
@@ -199,7 +180,7 @@ def _run_checker(proto: onnx.ModelProto, source: str) -> None:
 def _set_input_shapes(graph: onnx.GraphProto, shapes: dict[str, Sequence[int]]) -> None:
     """Write ``shapes`` into the graph inputs; refuse dims left dynamic or contradicted."""
     constants = {t.name for t in graph.initializer}
-    inputs = [i for i in graph.input if i.name not in constants]
+    inputs = list(graph.input)  # none is an initializer since repair_ir
     names = [i.name for i in inputs]
     for name in shapes:
         if name not in names:
@@ -218,10 +199,11 @@ def _set_input_shapes(graph: onnx.GraphProto, shapes: dict[str, Sequence[int]]) 
 
 def _set_input_shape(value: onnx.ValueInfoProto, given: Sequence[int] | None) -> None:
     ttype = value.type.tensor_type
-    known = ([d.dim_value if d.HasField("dim_value") else None for d in ttype.shape.dim]
-             if ttype.HasField("shape") else None)
+    dims = list(ttype.shape.dim) if ttype.HasField("shape") else None
+    known = None if dims is None else [d.dim_value if d.HasField("dim_value") else None
+                                       for d in dims]
     if given is None:
-        _require_static(value.name, known)
+        _require_static(value.name, dims)
         return
     given = tuple(int(d) for d in given)
     if known is not None and (len(known) != len(given) or any(
@@ -234,94 +216,37 @@ def _set_input_shape(value: onnx.ValueInfoProto, given: Sequence[int] | None) ->
         ttype.shape.dim.add().dim_value = d
 
 
-def _require_static(name: str, known: list[int | None] | None) -> None:
-    if known is None:
-        raise CompileError(f"input {name!r} has no shape in the model; give it, e.g. "
-                           f"import_onnx(model, input_shapes={{{name!r}: (1, 3, 224, 224)}})")
-    dynamic = [i for i, d in enumerate(known) if d is None]
+def _require_static(name: str, dims: list[onnx.TensorShapeProto.Dimension] | None) -> None:
+    """CompileError naming the input's first dynamic dim, unless all its dims are static."""
+    if dims is None:
+        raise CompileError(f"input {name!r} has no shape in the model",
+                           fix=_input_shape_advice(name, ("D0", "D1", "...")))
+    dynamic = [i for i, d in enumerate(dims) if not d.HasField("dim_value")]
     if dynamic:
-        example = tuple(1 if d is None else d for d in known)
-        raise CompileError(f"input {name!r} has dynamic dim {dynamic[0]} (shape "
-                           f"{['?' if d is None else d for d in known]}); give its shape, e.g. "
-                           f"import_onnx(model, input_shapes={{{name!r}: {example}}})")
+        first = dims[dynamic[0]]
+        label = f" ({first.dim_param!r})" if first.dim_param else ""
+        shown = ["?" if i in dynamic else d.dim_value for i, d in enumerate(dims)]
+        example = tuple(1 if i in dynamic else d.dim_value for i, d in enumerate(dims))
+        raise CompileError(f"input {name!r} has dynamic dim {dynamic[0]}{label} (shape "
+                           f"{shown}) and the compiler needs static shapes (in the example, put "
+                           f"the sizes you will run for the 1s that stand for '?')",
+                           fix=_input_shape_advice(name, example))
 
 
-def _convert_opset(proto: onnx.ModelProto, opset: int, source: str) -> onnx.ModelProto:
-    held = _hold_back(proto.graph) if opset > IR_OPSET else False
-    if held:
-        proto.opset_import.append(helper.make_opsetid(_HELD_DOMAIN, 1))
-    try:
-        converted = onnx.version_converter.convert_version(proto, IR_OPSET)
-    except Exception as exc:  # the converter raises bare RuntimeErrors and others
-        raise CompileError(f"{source} uses opset {opset} and cannot be converted to opset "
-                           f"{IR_OPSET}, the compiler's ({exc}); export it with "
-                           f"opset_version={IR_OPSET}") from exc
-    if held:
-        _release(converted)
-    return converted
-
-
-def _hold_back(graph: onnx.GraphProto) -> bool:
-    """Move the nodes the converter has no downgrade for (but that mean the same at the IR
-    opset) to a private domain, which the converter leaves alone; True if there were any."""
-    held = False
-    for node in graph.node:
-        check = _NEWER_FEATURES.get(node.op_type)
-        if check is None or node.domain not in _DEFAULT_DOMAINS:
-            continue
-        feature = check(node)
-        if feature:
-            raise CompileError(f"{node.op_type} node {node.name!r} uses {feature}, which opset "
-                               f"{IR_OPSET} (the compiler's) does not have; export the model "
-                               f"with opset_version={IR_OPSET}", op=node.name)
-        node.domain = _HELD_DOMAIN
-        held = True
-    return held
-
-
-def _release(proto: onnx.ModelProto) -> None:
-    for node in proto.graph.node:
-        if node.domain == _HELD_DOMAIN:
-            node.domain = ""
-            # Split's num_outputs (18): at opset 17 a Split without sizes divides evenly
-            # into its outputs, the same split when the size divides.
-            kept = [a for a in node.attribute if a.name != "num_outputs"]
-            del node.attribute[:]
-            node.attribute.extend(kept)
-    imports = [o for o in proto.opset_import if o.domain != _HELD_DOMAIN]
-    del proto.opset_import[:]
-    proto.opset_import.extend(imports)
-
-
-def _pad_feature(node: onnx.NodeProto) -> str | None:
-    if len(node.input) > 3 and node.input[3]:
-        return "the axes input"
-    mode = next((a.s for a in node.attribute if a.name == "mode"), b"constant")
-    return "mode 'wrap'" if mode == b"wrap" else None
-
-
-def _resize_feature(node: onnx.NodeProto) -> str | None:
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    if attrs.get("antialias", 0) or "axes" in attrs:
-        return "antialias or axes"
-    if attrs.get("keep_aspect_ratio_policy", b"stretch") != b"stretch":
-        return "keep_aspect_ratio_policy"
-    if attrs.get("coordinate_transformation_mode") == b"half_pixel_symmetric":
-        return "coordinate_transformation_mode 'half_pixel_symmetric'"
-    return None
-
-
-#: Ops onnx's version converter cannot take from opset 18+ down to the IR opset, with what
-#: tells whether a node uses a feature opset 17 lacks (None: it means the same there).
-_NEWER_FEATURES: dict[str, Callable[[onnx.NodeProto], str | None]] = {
-    "Pad": _pad_feature, "Resize": _resize_feature, "Split": lambda node: None}
-_HELD_DOMAIN = "tessera.held"
+def _input_shape_advice(name: str, example: Sequence[int | str]) -> dict[str, str]:
+    """How to give an input's shape: from Python, the argument and the command line's flag
+    (import is where both meet); on the command line, the flag."""
+    advice = input_shape_fix(name, example)
+    return {PYTHON: f"{advice[PYTHON]} (on the command line of tessera compile, run and "
+                    f"profile: {advice[CLI].removeprefix('give its shape, e.g. ')})",
+            CLI: advice[CLI]}
 
 
 def _infer_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:
+    weights = detach_weights(proto.graph)
     try:
-        return onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True,
-                                                 data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True,
+                                                     data_prop=True)
     except onnx.shape_inference.InferenceError as exc:
         message = str(exc).strip()
         match = re.search(r"\(op_type:(\S+), node name: ([^)]*)\): (.*)", message)
@@ -330,6 +255,8 @@ def _infer_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:
         op, name, reason = match.groups()
         raise CompileError(f"{op} node {name!r}: shape inference failed: {reason.strip()}; "
                            f"check its attributes against its inputs' shapes", op=name) from exc
+    attach_weights(inferred.graph, weights)
+    return inferred
 
 
 # -------------------------------------------------------------------- graph building
@@ -346,7 +273,7 @@ def _build_graph(proto: onnx.ModelProto) -> Graph:
     read = {t for n in g.node for t in n.input} | {o.name for o in g.output}
     for node in g.node:
         if node.op_type == "Constant":
-            _add_const(graph, node.output[0], _constant_data(node), f"Constant {node.name!r}")
+            _add_const(graph, node.output[0], constant_data(node), f"Constant {node.name!r}")
         else:
             graph.nodes.append(_node(graph, node, types, read))
     graph.outputs = [o.name for o in g.output]
@@ -365,7 +292,8 @@ def _check_dtype(dtype: str, tensor: str, what: str) -> None:
                            f"in the model")
 
 
-def _static_type(ttype: onnx.TypeProto, tensor: str, what: str) -> tuple[tuple[int, ...], str]:
+def _static_type(ttype: onnx.TypeProto, tensor: str, what: str,
+                 op: str | None = None) -> tuple[tuple[int, ...], str]:
     """Shape and numpy dtype name of a tensor type; CompileError unless both are known."""
     if not ttype.HasField("tensor_type"):
         raise CompileError(f"{what} {tensor!r} is not a tensor (sequences, maps and optionals "
@@ -376,20 +304,11 @@ def _static_type(ttype: onnx.TypeProto, tensor: str, what: str) -> tuple[tuple[i
     _check_dtype(dtype, tensor, what)
     dims = tt.shape.dim
     if not tt.HasField("shape") or not all(d.HasField("dim_value") for d in dims):
-        raise CompileError(f"{what} {tensor!r} has no static shape after shape inference")
+        raise CompileError(f"{what} {tensor!r} has no static shape after shape inference and "
+                           f"folding: its shape depends on the values of the input data, not "
+                           f"only on their shapes; the compiler needs static shapes, so compute "
+                           f"it with a size fixed in the model", op=op)
     return tuple(d.dim_value for d in dims), dtype
-
-
-def _constant_data(node: onnx.NodeProto) -> np.ndarray:
-    attr = node.attribute[0]
-    if attr.name == "value":
-        return numpy_helper.to_array(attr.t)
-    if attr.name in ("value_float", "value_floats"):
-        return np.array(helper.get_attribute_value(attr), dtype=np.float32)
-    if attr.name in ("value_int", "value_ints"):
-        return np.array(helper.get_attribute_value(attr), dtype=np.int64)
-    # Sparse and string constants are rare: let the reference implementation decode them.
-    return evaluate_proto(node, {}, node.name)[0]
 
 
 def _node(graph: Graph, proto: onnx.NodeProto, types: Mapping[str, onnx.TypeProto],
@@ -404,14 +323,14 @@ def _node(graph: Graph, proto: onnx.NodeProto, types: Mapping[str, onnx.TypeProt
                 raise CompileError(f"shape inference gave no shape for output {out!r} of "
                                    f"{where}; the compiler needs static shapes everywhere",
                                    op=proto.name)
-            shape, dtype = _static_type(types[out], out, f"output of {where}")
+            shape, dtype = _static_type(types[out], out, f"{where}: output", proto.name)
             graph.add_value(out, shape, dtype)
         outputs.append(out)
     while outputs and not outputs[-1]:
         outputs.pop()
     attrs = {a.name: _attr_value(a) for a in proto.attribute}
     return Node(proto.op_type, proto.name, list(proto.input), outputs, attrs,
-                "" if proto.domain in _DEFAULT_DOMAINS else proto.domain)
+                "" if proto.domain in DEFAULT_DOMAINS else proto.domain)
 
 
 def _attr_value(attr: AttributeProto) -> Any:
@@ -477,9 +396,9 @@ def fold_constants(graph: Graph) -> int:
 
 def _foldable(graph: Graph, node: Node) -> bool:
     inputs = [i for i in node.inputs if i]
-    if node.op in _NO_FOLD or node.domain or not inputs:
+    if not foldable_op(node.op, node.domain) or not inputs:
         return False
-    if node.op not in _SHAPE_ONLY and not all(graph.values[i].is_const for i in inputs):
+    if node.op not in SHAPE_ONLY and not all(graph.values[i].is_const for i in inputs):
         return False
     out_bytes = sum(graph.values[o].size * np.dtype(graph.values[o].dtype).itemsize
                     for o in node.outputs if o)
@@ -499,29 +418,6 @@ def _set_const(graph: Graph, node: Node, name: str, data: Any) -> None:
                            f"{list(data.shape)}, but shape inference said {list(value.shape)}",
                            op=node.name)
     graph.add_value(name, value.shape, value.dtype, data.astype(value.dtype, copy=False))
-
-
-#: onnx.reference implements QuantizeLinear/DequantizeLinear from opset 19 only; 19 adds
-#: float8 types and nothing that changes int8/uint8.
-_REFERENCE_OPSET = {"QuantizeLinear": 19, "DequantizeLinear": 19}
-
-
-def evaluate_proto(node: onnx.NodeProto, feeds: Mapping[str, np.ndarray], name: str, *,
-                   failure: str = "has constant inputs but cannot be evaluated to fold it"
-                   ) -> list[np.ndarray]:
-    """Run one node with onnx's reference evaluator (a one-node model). A failure is a
-    :class:`CompileError` saying the node ``failure`` (why it was evaluated)."""
-    inputs = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype),
-                                            v.shape) for k, v in feeds.items()]
-    outputs = [helper.make_empty_tensor_value_info(o) for o in node.output if o]
-    opset = _REFERENCE_OPSET.get(node.op_type, IR_OPSET)
-    model = helper.make_model(helper.make_graph([node], name, inputs, outputs),
-                              opset_imports=[helper.make_opsetid(node.domain, opset)])
-    try:
-        return list(ReferenceEvaluator(model).run(None, dict(feeds)))
-    except Exception as exc:  # the reference ops raise whatever numpy raises
-        raise CompileError(f"{node.op_type} node {name!r} {failure} ({type(exc).__name__}: "
-                           f"{exc}); check its attributes and inputs", op=name) from exc
 
 
 # ------------------------------------------------------------------------ export

@@ -1,4 +1,5 @@
-"""Graph passes over the IR (:mod:`.graph`): :func:`fold_batch_norm`, :func:`remove_identity`.
+"""Graph passes over the IR (:mod:`.graph`): :func:`fold_batch_norm`, :func:`remove_identity`,
+:func:`fold_constant_dequantize`.
 
 Each pass rewrites a :class:`~.graph.Graph` in place, returns how many rewrites it made
 and leaves :meth:`~.graph.Graph.verify` true. Tensor names that are graph outputs keep
@@ -10,8 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 from .graph import Graph, Node
+from .onnx_import import fold_constants
 
-__all__ = ["fold_batch_norm", "remove_identity"]
+__all__ = ["fold_batch_norm", "fold_constant_dequantize", "remove_identity"]
 
 
 # ------------------------------------------------------------------ batch norm folding
@@ -164,3 +166,64 @@ def _forget_unused(graph: Graph, names: list[str]) -> None:
     for name in set(names) - boundary - {""}:
         if name in graph.values and not graph.consumers(name) and graph.producer(name) is None:
             del graph.values[name]
+
+
+# ------------------------------------------------------- constant dequantize folding
+def fold_constant_dequantize(graph: Graph) -> int:
+    """Fold each DequantizeLinear or QuantizeLinear whose inputs are all constants into a
+    constant, then every node that thereby reads only constants (:func:`fold_constants`),
+    until none is left.
+
+    Import keeps them (:func:`~.onnx_import.fold_constants` does not fold Q/DQ), so that
+    QDQ fusion (:func:`~.qdq.fuse_qdq`) finds int8 weights and int32 biases behind their
+    DQ. What fusion leaves is a constant the float ops need as floats: the scalar of a
+    ``Mul`` by 0.5, the weight of a layer that stays float. The value is onnxruntime's:
+    DequantizeLinear is ``f32(q - zp) * scale``, QuantizeLinear ``rint(x / scale) + zp``
+    saturated, in float32, per tensor or along ``axis``. Returns the number of Q/DQ
+    nodes folded.
+    """
+    total = 0
+    while True:
+        doomed = [n for n in graph.nodes if n.op in _QDQ and not n.domain
+                  and all(graph.values[i].is_const for i in n.inputs if i)]
+        if not doomed:
+            return total
+        for node in doomed:
+            data = _quantize_linear(graph, node) if node.op == "QuantizeLinear" \
+                else _dequantize_linear(graph, node)
+            value = graph.values[node.outputs[0]]
+            graph.add_value(value.name, value.shape, value.dtype, data)
+        graph.remove_nodes(doomed)
+        total += len(doomed)
+        fold_constants(graph)
+        _forget_unused(graph, [i for n in doomed for i in n.inputs])
+
+
+_QDQ = ("QuantizeLinear", "DequantizeLinear")
+
+
+def _qdq_params(graph: Graph, node: Node, ndim: int, zp_dtype: str) -> tuple[np.ndarray,
+                                                                              np.ndarray]:
+    """Scale and zero point of Q/DQ ``node``, shaped to broadcast along its ``axis`` over
+    a tensor of rank ``ndim`` (an omitted zero point is 0 of ``zp_dtype``)."""
+    scale = graph.const(node.input(1)).astype(np.float32)
+    zp = graph.const(node.input(2)) if node.input(2) else np.zeros(scale.shape, zp_dtype)
+    if scale.size == 1:
+        return scale.reshape(()), zp.reshape(())
+    shape = [1] * ndim
+    shape[node.attr("axis", 1) % ndim] = scale.size
+    return scale.reshape(shape), zp.reshape(shape)
+
+
+def _dequantize_linear(graph: Graph, node: Node) -> np.ndarray:
+    q = graph.const(node.inputs[0])
+    scale, zp = _qdq_params(graph, node, q.ndim, str(q.dtype))
+    return (q.astype(np.int64) - zp.astype(np.int64)).astype(np.float32) * scale
+
+
+def _quantize_linear(graph: Graph, node: Node) -> np.ndarray:
+    x = graph.const(node.inputs[0]).astype(np.float32)
+    scale, zp = _qdq_params(graph, node, x.ndim, "uint8")
+    info = np.iinfo(zp.dtype)
+    q = np.rint(x / scale).astype(np.float64) + zp.astype(np.float64)
+    return np.clip(q, info.min, info.max).astype(zp.dtype)

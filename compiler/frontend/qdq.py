@@ -11,33 +11,49 @@ Node schemas (``y`` is the output, every ``*_scale`` a positive float32 value, e
 ``*_zero_point`` an int in its tensor's range; ``y_min``/``y_max`` the stored-value clamp:
 the output type's range, narrowed by an absorbed Relu or Clip):
 
-* ``QConv(x, w, [bias])``: 2-D convolution. ``w`` int8 constant ``(O, C/group, kh, kw)``,
-  ``bias`` int32 constant ``(O,)``. Attributes x_scale, x_zero_point, w_scale (float32
-  ``(O,)``), w_zero_point (int ``(O,)``, all 0), y_scale, y_zero_point, y_min, y_max,
-  strides, pads, dilations, group.
-* ``QGemm(x, w, [bias])``: dense layer ``x @ w.T``, ``x`` ``(M, K)``, ``w`` int8 constant
-  ``(N, K)`` (a Gemm's ``transB=0`` or a MatMul's ``(K, N)`` weight is stored transposed),
-  ``bias`` int32 ``(N,)``. Attributes as QConv without the convolution geometry.
+* ``QConv(x, w, [bias])``: 2-D convolution. ``w`` constant ``(O, C/group, kh, kw)`` holding
+  the weights minus their zero points (int8, or int16 when that exceeds int8: asymmetric
+  uint8 weights), ``bias`` int32 constant ``(O,)``. Attributes x_scale, x_zero_point,
+  w_scale (float32 ``(O,)``), w_zero_point (int ``(O,)``, all 0: already subtracted),
+  y_scale, y_zero_point, y_min, y_max, strides, pads, dilations, group.
+* ``QGemm(x, w, [bias])``: dense layer ``x @ w.T``, ``x`` ``(M, K)``, ``w`` constant
+  ``(N, K)`` as QConv's (a Gemm's ``transB=0`` or a MatMul's ``(K, N)`` weight is stored
+  transposed), ``bias`` int32 ``(N,)``. Attributes as QConv without the geometry.
 * ``QAdd(a, b)``: elementwise sum of two same-shape tensors. Attributes a_scale,
   a_zero_point, b_scale, b_zero_point, y_scale, y_zero_point, y_min, y_max.
 * ``QMaxPool(x)``: 2-D max pooling in the stored domain (the scales and zero points of
   input and output are equal). Attributes kernel_shape, strides, pads, dilations,
   ceil_mode, x_scale, x_zero_point.
 * ``QGlobalAveragePool(x)``: attributes x_scale, x_zero_point, y_scale, y_zero_point.
+  An AveragePool whose window is the whole image without padding becomes one too:
+  onnxruntime runs it with the global kernel.
+* ``QAveragePool(x)``: 2-D average pooling as onnxruntime's QLinearAveragePool (float32
+  arithmetic on the dequantized values, :mod:`..golden.quantized`). Attributes
+  kernel_shape, strides, pads, ceil_mode, count_include_pad, x_scale, x_zero_point,
+  y_scale, y_zero_point, y_min, y_max.
+
+Every fused node may carry ``from_uint8 = 1``: :func:`~.qshift.shift_uint8_to_int8`
+moved its uint8 tensors to int8 (values and zero points minus 128); see there.
 
 ``Flatten`` and ``Reshape`` between a DQ and a Q of equal parameters stay standard ops,
 now on the stored tensor.
 
 A pattern is fused only when everything the integer semantics relies on holds; otherwise
 it stays as it is (float ops between DQ and Q, which become CPU kernels). Checked: scales
-and zero points are constants; activation scales and zero points are per tensor, scales
-finite and positive, zero points of the quantized tensor's type (int8/uint8); weights are
-int8 constants with zero points 0 and one scale per output channel (or one for all);
-biases are int32 constants with zero point 0 and scale ``x_scale * w_scale`` (else the
-int32 values are not on the accumulator's scale); intermediate float tensors have a single
-reader and are no graph output; convolutions and pools are 2-D without ``auto_pad``;
-Gemm has ``alpha = beta = 1`` and no ``transA``; QAdd inputs have equal shapes (no
-broadcasting); the QGlobalAveragePool scale is in onnxruntime's accepted range.
+and zero points are constants; activation scales and zero points are per tensor (a
+scalar or one element), scales finite and positive, zero points of the quantized
+tensor's type (int8/uint8); weights are int8/uint8 constants with one scale and zero
+point per output channel (or one for all); biases are int32 constants with zero point 0
+and scale ``x_scale * w_scale`` (else the int32 values are not on the accumulator's
+scale); intermediate float tensors have a single reader and are no graph output;
+convolutions and pools are 2-D without ``auto_pad``; Gemm has ``alpha = beta = 1`` and no
+``transA``; QAdd inputs have equal shapes (no broadcasting); global average pools have a
+scale in onnxruntime's accepted range; average pools no dilation, no window of padding
+only, input and output of one type and the output shape onnxruntime computes.
+
+After fusion, :func:`fuse_qdq` folds the constant DQ chains left (a Mul's scalar, the
+weight of a layer that stays float: :func:`~.passes.fold_constant_dequantize`) and moves
+uint8 activations to int8 (:func:`~.qshift.shift_uint8_to_int8`).
 """
 from __future__ import annotations
 
@@ -49,12 +65,12 @@ from tessera.errors import CompileError
 
 from .graph import Graph, Node
 
-__all__ = ["DOMAIN", "OPS", "fuse_qdq"]
+__all__ = ["DOMAIN", "OPS", "fuse_qdq", "pool_output_size"]
 
 #: The operator domain of the fused integer nodes.
 DOMAIN = "tessera"
 #: The ops of :data:`DOMAIN` (schemas in the module doc).
-OPS = ("QConv", "QGemm", "QAdd", "QMaxPool", "QGlobalAveragePool")
+OPS = ("QConv", "QGemm", "QAdd", "QMaxPool", "QGlobalAveragePool", "QAveragePool")
 
 _QTYPES = ("int8", "uint8")
 _REL_TOL = 1e-6
@@ -94,8 +110,15 @@ def fuse_qdq(graph: Graph) -> int:
 
     See the module doc for the patterns, the node schemas and the conditions a pattern
     must meet (it stays unfused otherwise). DequantizeLinear nodes left without readers
-    are removed. Returns the number of patterns rewritten; the graph still verifies.
+    are removed, the constant ones left with readers folded into float constants, and
+    uint8 activations moved to int8. Returns the number of patterns rewritten; the
+    graph still verifies.
     """
+    # Here, not at the top: qshift reads this module's DOMAIN, and the loader of compiled
+    # models imports this module for DOMAIN without onnx, which passes needs.
+    from .passes import fold_constant_dequantize
+    from .qshift import shift_uint8_to_int8
+
     fused = 0
     for node in list(graph.nodes):
         if not any(n is node for n in graph.nodes):
@@ -104,6 +127,9 @@ def fuse_qdq(graph: Graph) -> int:
         if rewrite is not None and rewrite(graph, node):
             fused += 1
     _remove_dead_dequantize(graph)
+    fold_constant_dequantize(graph)
+    if shift_uint8_to_int8(graph):
+        _remove_dead_dequantize(graph)      # the uint8 zero points nobody reads now
     graph.verify()
     return fused
 
@@ -123,17 +149,22 @@ def _qparams(graph: Graph, node: Node) -> _QParams | None:
 def _raw_params(graph: Graph, node: Node) -> tuple[np.ndarray | None, np.ndarray | None]:
     """Scale and zero point constants of a Q/DQ node, or None for what is not valid.
 
-    An omitted zero point is 0 of type uint8 (the ONNX default)."""
+    An omitted zero point is 0 of type uint8 (the ONNX default). A scalar and a
+    one-element tensor are the same per-tensor parameter (onnxruntime's quantizer writes
+    a bias scale of shape [1] with a zero point of shape [])."""
     scale = graph.const(node.input(1))
     if (scale is None or scale.dtype != np.float32 or not np.all(np.isfinite(scale))
             or not np.all(scale > 0)):
         return None, None
     zp_name = node.input(2)
     zero_point = graph.const(zp_name) if zp_name else np.zeros(scale.shape, np.uint8)
+    if zero_point is not None and zero_point.size == scale.size == 1:
+        zero_point = zero_point.reshape(scale.shape)
     if zero_point is not None and zero_point.shape != scale.shape:
         raise CompileError(f"{node} has a scale of shape {list(scale.shape)} but a zero point "
-                           f"of shape {list(zero_point.shape)}; ONNX requires equal shapes",
-                           op=node.name)
+                           f"of shape {list(zero_point.shape)}; they must be equal (one value "
+                           "per tensor, or one per channel each); fix the model's "
+                           "quantization parameters", op=node.name)
     if zero_point is None or str(zero_point.dtype) not in (*_QTYPES, "int32"):
         return scale, None
     return scale, zero_point
@@ -154,23 +185,32 @@ def _dequantized(graph: Graph, name: str) -> tuple[Node, _QParams] | None:
 
 def _weight(graph: Graph, name: str, channels: int, axis: int) -> tuple[np.ndarray,
                                                                        np.ndarray] | None:
-    """``(int8 weight, float32 scale per channel)`` behind the DQ of weight ``name``, with
-    ``channels`` output channels along ``axis``; None unless the weight is a constant int8
-    tensor with zero points 0 and one scale per channel (or one for all)."""
+    """``(centred weight, float32 scale per channel)`` behind the DQ of weight ``name``,
+    with ``channels`` output channels along ``axis``; None unless the weight is a constant
+    int8/uint8 tensor with one scale and zero point per channel (or one for all).
+
+    The centred weight is ``w - w_zp``, exactly what the integer kernels multiply: int8
+    when it fits (always for symmetric weights, int8 or uint8), else int16."""
     dq = graph.producer(name)
     if dq is None or dq.op != "DequantizeLinear" or dq.domain:
         return None
     weight = graph.const(dq.inputs[0])
     scale, zero_point = _raw_params(graph, dq)
-    if (weight is None or weight.dtype != np.int8 or scale is None or zero_point is None
-            or np.any(zero_point != 0)):
+    if (weight is None or str(weight.dtype) not in _QTYPES or scale is None
+            or zero_point is None or zero_point.dtype != weight.dtype):
         return None
     if scale.size == 1:
-        return weight, np.full(channels, scale.reshape(()), np.float32)
-    if (scale.shape != (channels,) or dq.attr("axis", 1) % weight.ndim != axis
+        scale, zero_point = (np.full(channels, v.reshape(())) for v in (scale, zero_point))
+    elif (scale.shape != (channels,) or dq.attr("axis", 1) % weight.ndim != axis
             or weight.shape[axis] != channels):
         return None
-    return weight, scale.astype(np.float32)
+    if weight.dtype == np.int8 and not np.any(zero_point):
+        return weight, scale.astype(np.float32)
+    along = [1] * weight.ndim
+    along[axis] = channels
+    centred = weight.astype(np.int16) - zero_point.astype(np.int16).reshape(along)
+    fits = centred.min(initial=0) >= -128 and centred.max(initial=0) <= 127
+    return centred.astype(np.int8 if fits else np.int16), scale.astype(np.float32)
 
 
 def _bias(graph: Graph, name: str, channels: int, x_scale: float,
@@ -293,6 +333,15 @@ def _add_weight(graph: Graph, base: str, weight: np.ndarray) -> str:
     return name
 
 
+def _stored_weight(graph: Graph, name: str, weight: np.ndarray, base: str) -> str:
+    """The constant holding ``weight``, the centred weight behind the DQ of ``name``: the
+    DQ's own input when centring changed nothing, else a new constant."""
+    source = graph.producer(name).inputs[0]
+    if graph.const(source) is weight:
+        return source
+    return _add_weight(graph, f"{base}.weight_q", weight)
+
+
 def _fuse_conv(graph: Graph, conv: Node) -> bool:
     x = _dequantized(graph, conv.input(0))
     w_shape = graph.value(conv.input(1)).shape
@@ -309,7 +358,7 @@ def _fuse_conv(graph: Graph, conv: Node) -> bool:
         else None
     if bias is False:
         return False
-    inputs = [x_dq.inputs[0], graph.producer(conv.input(1)).inputs[0]]
+    inputs = [x_dq.inputs[0], _stored_weight(graph, conv.input(1), weight[0], conv.name)]
     if bias is not None:
         inputs.append(_add_weight(graph, f"{conv.name}.bias_q", bias))
     attrs = {"x_scale": x_params.scale, "x_zero_point": x_params.zero_point,
@@ -360,10 +409,9 @@ def _fuse_dense(graph: Graph, first: Node, nodes: list[Node], bias_name: str, tr
     bias = _bias(graph, bias_name, channels, x_params.scale, w_scale) if bias_name else None
     if bias is False:
         return False
-    w_name = graph.producer(first.input(1)).inputs[0]
-    if not trans_b:
-        # The accelerator's Dense takes (out, in) weights.
-        w_name = _add_weight(graph, f"{first.name}.weight_q", w.T)
+    # The accelerator's Dense takes (out, in) weights.
+    w_name = (_stored_weight(graph, first.input(1), w, first.name) if trans_b
+              else _add_weight(graph, f"{first.name}.weight_q", w.T))
     inputs = [x_dq.inputs[0], w_name]
     if bias is not None:
         inputs.append(_add_weight(graph, f"{first.name}.bias_q", bias))
@@ -417,14 +465,64 @@ def _fuse_global_average_pool(graph: Graph, pool: Node) -> bool:
     out = _output(graph, pool) if x is not None and len(shape) == 4 else None
     if out is None or out.absorbed:
         return False
+    return _replace_by_global_pool(graph, pool, x, out, shape)
+
+
+def _replace_by_global_pool(graph: Graph, pool: Node, x: tuple[Node, _QParams], out: _Output,
+                            shape: tuple[int, ...]) -> bool:
+    """``pool`` (a global average over ``shape``'s image) as a QGlobalAveragePool, if
+    onnxruntime accepts its scale and size."""
     pixels = shape[2] * shape[3]
     scale = np.float32(x[1].scale) / (np.float32(out.params.scale) * np.float32(pixels))
-    if pixels >= _GAP_MAX_PIXELS or not _GAP_SCALE_RANGE[0] <= scale < _GAP_SCALE_RANGE[1]:
+    if (pixels >= _GAP_MAX_PIXELS or not _GAP_SCALE_RANGE[0] <= scale < _GAP_SCALE_RANGE[1]
+            or out.params.dtype != x[1].dtype):
         return False
     attrs = {"x_scale": x[1].scale, "x_zero_point": x[1].zero_point,
              "y_scale": out.params.scale, "y_zero_point": out.params.zero_point}
     _replace(graph, [pool], out, "QGlobalAveragePool", [x[0].inputs[0]], attrs, pool.name)
     return True
+
+
+def _fuse_average_pool(graph: Graph, pool: Node) -> bool:
+    """DQ -> AveragePool -> Q, which onnxruntime runs as QLinearAveragePool."""
+    x = _dequantized(graph, pool.input(0))
+    shape = graph.value(pool.input(0)).shape
+    if (x is None or len(shape) != 4 or len(pool.outputs) != 1
+            or pool.attr("auto_pad", "NOTSET") != "NOTSET"
+            or any(d != 1 for d in pool.attr("dilations", [1, 1]))):
+        return False      # QLinearAveragePool ignores dilations: onnxruntime would differ
+    out = _output(graph, pool)
+    if out is None or out.absorbed or out.params.dtype != x[1].dtype:
+        return False
+    kernel = [int(k) for k in pool.attr("kernel_shape")]
+    pads = [int(p) for p in pool.attr("pads", [0, 0, 0, 0])]
+    if kernel == list(shape[2:]) and not any(pads):
+        # onnxruntime's QLinearAveragePool runs such a pool with its global kernel.
+        return _replace_by_global_pool(graph, pool, x, out, shape)
+    strides = [int(v) for v in pool.attr("strides", [1, 1])]
+    ceil_mode = int(pool.attr("ceil_mode", 0))
+    size = tuple(pool_output_size(shape[2 + i], pads[i], pads[i + 2], kernel[i], strides[i],
+                                  ceil_mode) for i in range(2))
+    if (any(p >= k for p, k in zip(pads, kernel * 2))
+            or graph.value(out.quantize.outputs[0]).shape[2:] != size):
+        return False
+    attrs = {"kernel_shape": kernel, "strides": strides, "pads": pads, "ceil_mode": ceil_mode,
+             "count_include_pad": int(pool.attr("count_include_pad", 0)),
+             "x_scale": x[1].scale, "x_zero_point": x[1].zero_point, **_output_attrs(out)}
+    _replace(graph, [pool], out, "QAveragePool", [x[0].inputs[0]], attrs, pool.name)
+    return True
+
+
+def pool_output_size(size: int, begin: int, end: int, extent: int, stride: int,
+                     ceil_mode: int) -> int:
+    """Output size of a pooling dimension as ONNX and onnxruntime define it (``extent`` the
+    dilated window); a ceil_mode window must start inside the input or the begin
+    padding."""
+    span = size + begin + end - extent
+    out = (-(-span // stride) if ceil_mode else span // stride) + 1
+    if ceil_mode and (out - 1) * stride >= size + begin:
+        out -= 1
+    return out
 
 
 def _pass_through(graph: Graph, node: Node) -> bool:
@@ -445,7 +543,7 @@ def _pass_through(graph: Graph, node: Node) -> bool:
 
 _REWRITES = {"Conv": _fuse_conv, "Gemm": _fuse_gemm, "MatMul": _fuse_matmul,
              "Add": _fuse_add, "MaxPool": _fuse_max_pool,
-             "GlobalAveragePool": _fuse_global_average_pool,
+             "GlobalAveragePool": _fuse_global_average_pool, "AveragePool": _fuse_average_pool,
              "Flatten": _pass_through, "Reshape": _pass_through}
 
 

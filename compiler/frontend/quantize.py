@@ -1,7 +1,11 @@
 """Static int8 quantization of float ONNX models: :func:`quantize_static`, :func:`is_quantized`.
 
 The compiler's int8 arithmetic is that of onnxruntime's QDQ format, so quantization is
-onnxruntime's own, with its options pinned to what the compiler assumes:
+onnxruntime's own. The compiler takes every form onnxruntime writes (:mod:`.qdq`: uint8 or
+int8, per tensor or per channel, symmetric or not); the options here are pinned to the
+form the accelerator runs best (uint8 activations cost a conversion at a uint8 model
+input or output; asymmetric per-tensor weights exceed int8 once their zero point is
+subtracted, and those layers run on the CPU):
 
 * activations int8, per-tensor, asymmetric (onnxruntime's default), which lets
   onnxruntime absorb a ReLU into its producer's output range (zero point -128).
@@ -33,10 +37,12 @@ from tessera.errors import CompileError
 
 from .graph import Graph
 
-__all__ = ["QDQ_OPS", "is_quantized", "quantize_static"]
+__all__ = ["DYNAMIC_OPS", "QDQ_OPS", "is_quantized", "quantize_static"]
 
 #: The ops a QDQ model marks its quantized tensors with.
 QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
+#: The ops of a dynamically quantized model (quantized at run time, no calibration).
+DYNAMIC_OPS = frozenset({"DynamicQuantizeLinear", "ConvInteger", "MatMulInteger"})
 
 Feed = Mapping[str, np.ndarray]
 
@@ -65,15 +71,16 @@ def quantize_static(model: onnx.ModelProto, calibration: Sequence[Feed], *,
                              activation_type=ortq.QuantType.QInt8,
                              weight_type=ortq.QuantType.QInt8,
                              calibrate_method=ortq.CalibrationMethod.MinMax,
-                             # Pinned: the compiler's int8 arithmetic assumes them.
+                             # Pinned: the form the accelerator runs (module doc).
                              extra_options={"ActivationSymmetric": symmetric_activations,
                                             "WeightSymmetric": True})
         return onnx.load(str(quantized))
 
 
 def is_quantized(graph: Graph) -> bool:
-    """True if the graph holds QuantizeLinear or DequantizeLinear nodes (a QDQ model)."""
-    return any(node.op in QDQ_OPS for node in graph.nodes)
+    """True if the graph holds QuantizeLinear or DequantizeLinear nodes (a QDQ model) or
+    the integer ops of a dynamically quantized one (onnxruntime's quantize_dynamic)."""
+    return any(node.op in QDQ_OPS | DYNAMIC_OPS for node in graph.nodes)
 
 
 # --------------------------------------------------------------- calibration checks

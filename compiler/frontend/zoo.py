@@ -23,12 +23,14 @@ block's output is ``<block>.out``, so tests can expose any layer.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 import onnx
 from numpy.lib.stride_tricks import sliding_window_view
 from onnx import TensorProto, helper, numpy_helper
+
+from tessera.errors import CompileError, input_shape_fix
 
 from .quantize import quantize_static
 
@@ -356,16 +358,58 @@ def input_shape(model: onnx.ModelProto) -> tuple[int, ...]:
     return tuple(d.dim_value for d in dims)
 
 
-def calibration_data(model: onnx.ModelProto, n: int = 8,
-                     seed: int = 0) -> list[dict[str, np.ndarray]]:
-    """``n`` random float32 input feeds for the model, standard normal.
+def calibration_data(model: onnx.ModelProto, n: int = 8, seed: int = 0,
+                     input_shapes: Optional[Mapping[str, Sequence[int]]] = None
+                     ) -> list[dict[str, np.ndarray]]:
+    """``n`` random input feeds for the model, standard normal in each input's float dtype.
 
     Standard normal is the range of normalised images (ImageNet's mean/std normalisation
     maps pixels to about [-2.1, 2.6]) and what the He-initialised weights are scaled for.
+    ``input_shapes`` (``{name: shape}``) gives the shape of inputs with dynamic dims, as
+    for :func:`tessera.compile`; :class:`CompileError` names an input whose shape is still
+    not static, or that is not float.
     """
     rng = np.random.default_rng(seed)
-    name, shape = model.graph.input[0].name, input_shape(model)
-    return [{name: rng.standard_normal(shape, dtype=np.float32)} for _ in range(n)]
+    types = _random_input_types(model, dict(input_shapes or {}))
+    # float32 draws for every float dtype: the zoo's samples stay what they always were
+    return [{name: rng.standard_normal(shape, dtype=np.float32).astype(dtype, copy=False)
+             for name, (shape, dtype) in types.items()} for _ in range(n)]
+
+
+def _random_input_types(model: onnx.ModelProto, given: dict[str, Sequence[int]]
+                        ) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """``{input name: (shape, dtype)}`` of the model's inputs (not its initializers, which
+    old models list as inputs too), shapes from ``given`` first."""
+    weights = {t.name for t in model.graph.initializer}
+    inputs = [v for v in model.graph.input if v.name not in weights]
+    if not inputs:
+        raise CompileError(f"model {model.graph.name!r} has no inputs to make samples for: "
+                           "the file is empty, truncated or not an ONNX model")
+    types = {}
+    for value in inputs:
+        ttype = value.type.tensor_type
+        dtype = (np.dtype(helper.tensor_dtype_to_np_dtype(ttype.elem_type))
+                 if ttype.elem_type else None)
+        if dtype is None or dtype.kind != "f":
+            raise CompileError(f"input {value.name!r} is {dtype or 'not a tensor'}: random "
+                               "calibration makes float samples only; give samples of your "
+                               "own")
+        if value.name in given:
+            shape = tuple(int(d) for d in given[value.name])
+        elif ttype.HasField("shape"):
+            shape = tuple(d.dim_value if d.HasField("dim_value") else None
+                          for d in ttype.shape.dim)
+        else:
+            shape = None
+        if shape is None or any(d is None or d <= 0 for d in shape):
+            known = shape or ()
+            example = tuple(d if d and d > 0 else 1 for d in known) or (1, 3, 224, 224)
+            raise CompileError(f"input {value.name!r} has dynamic dims (shape "
+                               f"{['?' if not d or d <= 0 else d for d in known]}): random "
+                               "samples need the sizes you will run",
+                               fix=input_shape_fix(value.name, example))
+        types[value.name] = (shape, dtype)
+    return types
 
 
 def parameter_count(model: onnx.ModelProto) -> int:

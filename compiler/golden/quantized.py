@@ -15,8 +15,17 @@ onnxruntime 1.31's CPU kernels do (MLAS, x86 AVX2 build):
 * ``QMaxPool``: int8 MaxPool on the stored values (padding never wins).
 * ``QAdd`` (QLinearAdd, MLAS ``qladd_avx2.cpp``): float32 with FMAs, as
   :mod:`..frontend.qlinear` computes it.
+* ``QAveragePool`` (QLinearAveragePool, ``contrib_ops/cpu/quantization/qlinear_pool.cc``):
+  in float32, each input dequantized ``x_scale * f32(x - x_zp)``, each window summed from
+  0 in row-major order over the taps inside the input, divided by the count (the taps
+  inside, or the whole window with ``count_include_pad``), then
+  ``rint(f32(f32(avg / y_scale) + y_zp))`` saturated: the zero point is added before
+  rounding. A window that is the whole unpadded image runs as ``QGlobalAveragePool``
+  instead (fusion makes it one).
 
-Every fused node then clamps to its ``[y_min, y_max]`` (an absorbed Relu or Clip).
+Every fused node then clamps to its ``[y_min, y_max]`` (an absorbed Relu or Clip). QAdd
+and QAveragePool of a node shifted from uint8 (``from_uint8``,
+:mod:`..frontend.qshift`) compute on the uint8 values, as onnxruntime did.
 """
 from __future__ import annotations
 
@@ -30,8 +39,8 @@ from tessera.isa.requant import onnxruntime_reference, requant_scale
 
 from ..frontend.graph import Graph, Node
 from ..frontend.onnx_import import evaluate_proto, node_proto
-from ..frontend.qdq import DOMAIN
-from ..frontend.qlinear import qlinear_add_reference
+from ..frontend.qdq import DOMAIN, pool_output_size
+from ..frontend.qshift import model_domain, qadd_reference
 
 __all__ = ["run_reference"]
 
@@ -156,8 +165,8 @@ def _qmax_pool(node: Node, x: np.ndarray) -> np.ndarray:
     (kh, kw), (sy, sx), (dy, dx) = a["kernel_shape"], a["strides"], a["dilations"]
     pads = list(a["pads"])
     extent = ((kh - 1) * dy + 1, (kw - 1) * dx + 1)
-    sizes = [_pool_size(x.shape[2 + i], pads[i], pads[i + 2], extent[i], (sy, sx)[i],
-                        a["ceil_mode"]) for i in range(2)]
+    sizes = [pool_output_size(x.shape[2 + i], pads[i], pads[i + 2], extent[i], (sy, sx)[i],
+                              a["ceil_mode"]) for i in range(2)]
     for i in range(2):
         # ceil_mode windows may run past the end padding: pad enough for the last one.
         pads[i + 2] = max(pads[i + 2], (sizes[i] - 1) * (sy, sx)[i] + extent[i]
@@ -169,23 +178,41 @@ def _qmax_pool(node: Node, x: np.ndarray) -> np.ndarray:
     return windows.max(axis=(4, 5))[:, :, :sizes[0], :sizes[1]]
 
 
-def _pool_size(size: int, begin: int, end: int, extent: int, stride: int, ceil: int) -> int:
-    """Output size of a pooling dimension as ONNX defines it; a ceil_mode window must start
-    inside the input or the begin padding."""
-    span = size + begin + end - extent
-    out = (-(-span // stride) if ceil else span // stride) + 1
-    if ceil and (out - 1) * stride >= size + begin:
-        out -= 1
-    return out
+def _qaverage_pool(node: Node, x: np.ndarray) -> np.ndarray:
+    offset, a = model_domain(node.attrs)
+    f32 = np.float32
+    (kh, kw), (sy, sx), pads = a["kernel_shape"], a["strides"], a["pads"]
+    sizes = [pool_output_size(x.shape[2 + i], pads[i], pads[i + 2], a["kernel_shape"][i],
+                              a["strides"][i], a["ceil_mode"]) for i in range(2)]
+    # The zero point is stored shifted like x: their difference is the model's.
+    real = f32(a["x_scale"]) * (x.astype(np.int64) - node.attrs["x_zero_point"]).astype(f32)
+    # Taps outside the input add +0.0, which leaves a float32 sum as it is: so each
+    # window's sum, tap by tap in row-major order, is onnxruntime's over its inside taps.
+    ends = [(sizes[i] - 1) * (sy, sx)[i] + (kh, kw)[i] - x.shape[2 + i] - pads[i]
+            for i in range(2)]
+    padded = np.pad(real, ((0, 0), (0, 0), (pads[0], max(ends[0], 0)),
+                           (pads[1], max(ends[1], 0))))
+    total = np.zeros((*x.shape[:2], *sizes), f32)
+    for ky in range(kh):
+        for kx in range(kw):
+            total = total + padded[:, :, ky::sy, kx::sx][:, :, :sizes[0], :sizes[1]]
+    if a["count_include_pad"]:
+        count = np.full(sizes, kh * kw)
+    else:
+        inside = [np.clip(np.arange(n) * s - p + k, 0, size) - np.clip(np.arange(n) * s - p, 0,
+                                                                         size)
+                  for n, s, p, k, size in zip(sizes, (sy, sx), pads, (kh, kw), x.shape[2:])]
+        count = np.outer(*inside)
+    t = (total / count.astype(f32)) / f32(a["y_scale"]) + f32(a["y_zero_point"])
+    info = np.iinfo(np.uint8 if offset else x.dtype)
+    y = np.clip(np.rint(t).astype(np.int64), max(info.min, a["y_min"]), min(info.max, a["y_max"]))
+    return y - offset
 
 
 def _qadd(node: Node, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    p = node.attrs
-    return qlinear_add_reference(a, b, p["a_scale"], p["a_zero_point"], p["b_scale"],
-                                 p["b_zero_point"], p["y_scale"], p["y_zero_point"],
-                                 p["y_min"], p["y_max"])
+    return qadd_reference(a, b, node.attrs)
 
 
 _KERNELS: dict[str, Callable[..., np.ndarray]] = {
     "QConv": _qconv, "QGemm": _qgemm, "QAdd": _qadd, "QMaxPool": _qmax_pool,
-    "QGlobalAveragePool": _qglobal_average_pool}
+    "QGlobalAveragePool": _qglobal_average_pool, "QAveragePool": _qaverage_pool}

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from typing import Sequence
 
 from tessera.config import HwConfig
-from tessera.errors import CompileError
+from tessera.errors import CLI, PYTHON, CompileError
 
 from ..cpu.lower import cpu_unsupported_reason
 from ..frontend.graph import Graph, Node
@@ -65,8 +65,11 @@ def place_nodes(graph: Graph, config: HwConfig, *, host: HostCost = HostCost(),
     """
     unknown = set(force_cpu) - {n.name for n in graph.nodes}
     if unknown:
-        raise CompileError(f"force_cpu names nodes that are not in the graph: "
-                           f"{sorted(unknown)}")
+        raise CompileError(f"nodes {sorted(unknown)} to keep on the CPU are not in the graph",
+                           fix={PYTHON: "force_cpu takes node names of "
+                                        "CompiledModel.placements",
+                                CLI: "--force-cpu takes node names that tessera compile "
+                                     "prints"})
     placements: list[Placement] = []
     produced_on_accel: set[str] = set()
     for node in graph.nodes:

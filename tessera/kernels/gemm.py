@@ -83,10 +83,26 @@ def estimate_cycles(config: HwConfig, plan: GemmPlan, m: int, n: int, k: int,
     return compute_end[-1] + (store if vt > 1 else 0)
 
 
+def _check_gemm(config: HwConfig, m: int, n: int, k: int, threads: int) -> None:
+    """:class:`ProgramError` unless M, N, K are positive multiples of the config's blocks
+    and ``threads`` is 1 or 2."""
+    for name, size, block in (("M", m, config.batch), ("N", n, config.block_out),
+                              ("K", k, config.block_in)):
+        if size <= 0:
+            raise ProgramError(f"GEMM {name}={size} must be positive")
+        if size % block:
+            raise ProgramError(f"GEMM {name}={size} must be a multiple of {block} for config "
+                               f"{config.name!r} (its {config.batch}x{config.block_in}x"
+                               f"{config.block_out} core)")
+    if threads not in (1, 2):
+        raise ProgramError(f"threads must be 1 or 2, not {threads}")
+
+
 def plan_gemm(config: HwConfig, m: int, n: int, k: int, threads: int = 2,
               epilogue_ops: int = 0) -> GemmPlan:
     """The tiling with the lowest :func:`estimate_cycles` among those that fit the buffers."""
     c = config
+    _check_gemm(c, m, n, k, threads)
     mb, nb, kb = m // c.batch, n // c.block_out, k // c.block_in
     candidates = [GemmPlan(tm, tn, threads)
                   for tn in range(1, nb + 1) if nb % tn == 0
@@ -111,15 +127,15 @@ def gemm_program(config: HwConfig, a: np.ndarray, b: np.ndarray, *,
     Read the result with :func:`read_result`.
     """
     c = config
+    a, b = np.asarray(a), np.asarray(b)
+    if a.ndim != 2 or b.ndim != 2:
+        raise ProgramError(f"A and B must be matrices; A has shape {list(a.shape)}, B "
+                           f"{list(b.shape)}")
     m, k = a.shape
     n, k2 = b.shape
     if k != k2:
         raise ProgramError(f"A is {m}x{k} but B is {n}x{k2}: inner dimensions differ")
-    for name, size, block in (("M", m, c.batch), ("N", n, c.block_out), ("K", k, c.block_in)):
-        if size % block:
-            raise ProgramError(f"{name}={size} must be a multiple of {block} for config {c.name!r}")
-    if threads not in (1, 2):
-        raise ProgramError(f"threads must be 1 or 2, not {threads}")
+    _check_gemm(c, m, n, k, threads)
     plan = plan or plan_gemm(c, m, n, k, threads, len(epilogue))
     tm, tn, vt = plan.tile_m, plan.tile_n, plan.threads
     mb, nb, kb = m // c.batch, n // c.block_out, k // c.block_in

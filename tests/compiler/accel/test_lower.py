@@ -10,12 +10,14 @@ from hypothesis import strategies as st
 
 from tessera.compiler import compile_ops, zoo
 from tessera.compiler.accel.epilogue import reference_stages
-from tessera.compiler.accel.lower import (accel_unsupported_reason, convert_flattened_gemms,
-                                    fuse_add_into_conv, lower_node, qlinear_add)
+from tessera.compiler.accel.lower import (AVERAGE_POOL_REASON, accel_unsupported_reason,
+                                          convert_flattened_gemms, fuse_add_into_conv,
+                                          lower_node, qlinear_add)
 from tessera.compiler.frontend.onnx_import import import_onnx
-from tessera.compiler.accel.ops import Conv2d, Eltwise
+from tessera.compiler.accel.ops import Conv2d, Eltwise, Pool2d
 from tessera.compiler.frontend.qdq import DOMAIN, fuse_qdq
 from tessera.compiler.frontend.qlinear import qlinear_add_reference
+from tessera.compiler.golden.operators import pool2d
 from tessera.compiler.golden.quantized import run_reference
 from tessera.config import get_config
 from tessera.errors import CompileError
@@ -165,3 +167,114 @@ def test_unsupported_nodes_say_why() -> None:
     conv = next(n for n in graph.nodes if n.op == "QConv")
     conv.attrs["pads"] = [17, 17, 17, 17]
     assert "exceeds the load DMA" in accel_unsupported_reason(graph, conv, cfg)
+
+
+# ------------------------------------------------------------ onnxruntime's other forms
+def _ort_fused(form: str):
+    from tests.compiler.qdq_models import FORMS, feeds, ort_quantize, pool_net
+    model = pool_net()
+    calibration = feeds(model, 8)
+    graph = import_onnx(ort_quantize(model, calibration, pre_process=False, **FORMS[form]))
+    fuse_qdq(graph)
+    tensors = [v for v in graph.values if not graph.values[v].is_const]
+    return graph, run_reference(graph, calibration[0], outputs=tensors)
+
+
+def test_uint8_nodes_run_shifted_on_the_accelerator_bit_exact() -> None:
+    """uint8 activations and uint8 (symmetric) weights, stored as int8 by the 128 shift:
+    every fused node but the average pool runs on the accelerator and equals the golden
+    model (onnxruntime's uint8 results minus 128, tests/compiler/frontend/test_qdq_forms)."""
+    graph, env = _ort_fused("u8-weights-per-channel")
+    cfg = get_config("pynq")
+    nodes = [n for n in graph.nodes if n.domain == DOMAIN]
+    assert all(n.attrs["from_uint8"] for n in nodes)
+    ran = set()
+    for node in nodes:
+        reason = accel_unsupported_reason(graph, node, cfg)
+        if node.op == "QAveragePool":
+            assert reason == AVERAGE_POOL_REASON
+            continue
+        assert reason is None, (node.name, reason)
+        got = _run_alone(lower_node(graph, node, cfg), env, cfg)
+        np.testing.assert_array_equal(got, env[node.outputs[0]], err_msg=node.name)
+        ran.add(node.op)
+    assert ran == {"QConv", "QGemm", "QAdd", "QMaxPool", "QGlobalAveragePool"}
+
+
+def test_weights_beyond_int8_stay_on_the_cpu() -> None:
+    graph, _ = _ort_fused("u8-weights")
+    conv = next(n for n in graph.nodes if n.op == "QConv")
+    reason = accel_unsupported_reason(graph, conv, get_config("pynq"))
+    assert "beyond the int8 the accelerator multiplies" in reason and "WeightSymmetric" in reason
+
+
+def test_average_pool_is_not_the_accelerators_integer_average() -> None:
+    """Pool2d avg rounds the integer sum (ties to even); onnxruntime's QLinearAveragePool
+    rounds float32 values whose ties the inputs' own roundings decide. With the
+    quantizer's equal scales and zero points, a 1x2 window over many value pairs."""
+    graph, _ = _ort_fused("default")
+    node = next(n for n in graph.nodes if n.op == "QAveragePool")
+    assert accel_unsupported_reason(graph, node, get_config("pynq")) == AVERAGE_POOL_REASON
+    values = np.arange(-128, 128, 3)
+    x = np.empty((1, 1, values.size, 2 * values.size), np.int64)
+    x[..., 0::2], x[..., 1::2] = values[:, None], values[None, :]
+    attrs = dict(node.attrs, kernel_shape=[1, 2], strides=[1, 2], pads=[0, 0, 0, 0],
+                 ceil_mode=0, count_include_pad=0, y_scale=node.attrs["x_scale"],
+                 y_zero_point=node.attrs["x_zero_point"], y_min=-128, y_max=127)
+    from tessera.compiler.frontend.graph import Graph
+    g = Graph("pool")
+    g.add_input("x", x.shape, "int8")
+    g.add_value("y", (1, 1, values.size, values.size), "int8")
+    g.add_node("QAveragePool", ["x"], ["y"], name="pool", domain=DOMAIN, **attrs)
+    g.outputs = ["y"]
+    golden = run_reference(g, {"x": x.astype(np.int8)})["y"]
+    accelerator = pool2d(x, Pool2d("pool", "x", "y", "avg", kernel=(1, 2), stride=(1, 2)))
+    assert np.count_nonzero(accelerator != golden) > 0
+    assert np.abs(accelerator - golden).max() == 1
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.floats(0.002, 0.2), st.integers(0, 255), st.floats(0.002, 0.2),
+       st.integers(0, 255), st.floats(0.002, 0.2), st.integers(0, 255), st.booleans())
+def test_qlinear_add_from_uint8_is_exact_on_every_pair(sa, za, sb, zb, sy, zy, relu) -> None:
+    """The fixed-point QAdd of a node shifted from uint8 against onnxruntime's uint8
+    QLinearAdd (on the stored values + 128), on all 65,536 pairs."""
+    from tessera.compiler.frontend.qshift import qadd_reference
+    attrs = {"a_scale": sa, "a_zero_point": za - 128, "b_scale": sb, "b_zero_point": zb - 128,
+             "y_scale": sy, "y_zero_point": zy - 128, "y_min": zy - 128 if relu else -128,
+             "y_max": 127, "from_uint8": 1}
+    a, b = (v.astype(np.int8) for v in np.meshgrid(np.arange(-128, 128),
+                                                   np.arange(-128, 128)))
+    want = qadd_reference(a, b, attrs)
+    try:
+        big_a, stages = qlinear_add(sa, za - 128, sb, zb - 128, sy, zy - 128, attrs["y_min"],
+                                    127, from_uint8=True)
+    except CompileError as exc:
+        assert "no int32 fixed-point form" in str(exc)
+        return
+    got = reference_stages(big_a * a.astype(np.int64), stages, 0, {"b": b})
+    np.testing.assert_array_equal(np.clip(got, -128, 127), want)
+
+
+def test_uint8_model_runs_on_the_accelerator_like_onnxruntime() -> None:
+    """A ResNet quantized by onnxruntime with uint8 activations: every convolution, add
+    and pool placed on the accelerator, the simulated logits identical to onnxruntime's."""
+    import onnx
+    import tessera
+    from onnxruntime import quantization as ortq
+    from tessera.compiler.golden.check import reference_outputs
+    from tests.compiler.qdq_models import ort_quantize
+    model = zoo.small_resnet()
+    calibration = zoo.calibration_data(model)
+    qdq = ort_quantize(model, calibration, activation_type=ortq.QuantType.QUInt8,
+                       per_channel=True)
+    assert any(t.data_type == onnx.TensorProto.UINT8 for t in qdq.graph.initializer)
+    compiled = tessera.compile(qdq, "pynq")
+    placed = {p.node: p for p in compiled.compiled.placements}
+    integer = [p for p in placed.values() if p.op in ("QConv", "QAdd", "QGlobalAveragePool")]
+    assert {p.op for p in integer} == {"QConv", "QAdd", "QGlobalAveragePool"}
+    assert all(p.target == "accelerator" for p in integer), compiled.compiled.summary()
+    for feed in calibration[:2]:
+        outputs, _ = compiled.run(feed, backend="sim")
+        expected = reference_outputs(qdq, feed)
+        np.testing.assert_array_equal(outputs["logits"], expected["logits"])

@@ -5,7 +5,6 @@ from collections import Counter
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -13,47 +12,7 @@ from tessera.compiler import zoo
 from tessera.compiler.frontend.graph import Graph
 from tessera.compiler.frontend.onnx_import import fold_constants, import_onnx, to_onnx
 from tessera.errors import CompileError
-
-F = TensorProto.FLOAT
-
-
-def _model(nodes, inputs, outputs, initializers=(), opset=17):
-    """A model from nodes; inputs and outputs are (name, shape) pairs of float tensors."""
-    graph = helper.make_graph(
-        nodes, "test", [helper.make_tensor_value_info(n, F, s) for n, s in inputs],
-        [helper.make_tensor_value_info(n, F, s) for n, s in outputs],
-        [numpy_helper.from_array(np.asarray(v), k) for k, v in dict(initializers).items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 8
-    return model
-
-
-def _run(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
-    # No graph optimisation: both models run the same kernels, so outputs match bit for bit.
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(model.SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)
-
-
-def _round_trip(model: onnx.ModelProto, input_shapes=None, seed=0) -> Graph:
-    """Import, verify, export; both models give identical outputs on a random input."""
-    graph = import_onnx(model, input_shapes)
-    graph.verify()
-    rng = np.random.default_rng(seed)
-    feeds = {name: rng.standard_normal(graph.values[name].shape).astype(graph.values[name].dtype)
-             for name in graph.inputs}
-    expected = _run(model, feeds)
-    actual = _run(to_onnx(graph), feeds)
-    assert len(actual) == len(expected)
-    for a, e in zip(actual, expected):
-        np.testing.assert_array_equal(a, e)
-    return graph
-
-
-def _weights(seed, *shape):
-    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+from tests.compiler.frontend.onnx_models import F, make_model, round_trip, run_ort, weights
 
 
 # ---------------------------------------------------------------- hand-built models
@@ -64,8 +23,8 @@ def _conv_model():
              helper.make_node("MaxPool", ["r"], ["p"], name="pool", kernel_shape=[2, 2],
                               strides=[2, 2]),
              helper.make_node("GlobalAveragePool", ["p"], ["y"], name="gap")]
-    return _model(nodes, [("x", [1, 3, 16, 16])], [("y", [1, 8, 1, 1])],
-                  {"w": _weights(1, 8, 3, 3, 3), "b": _weights(2, 8)})
+    return make_model(nodes, [("x", [1, 3, 16, 16])], [("y", [1, 8, 1, 1])],
+                      {"w": weights(1, 8, 3, 3, 3), "b": weights(2, 8)})
 
 
 def _attribute_model():
@@ -81,7 +40,7 @@ def _attribute_model():
              helper.make_node("Concat", ["m", "l"], ["cat"], name="cat", axis=1),
              helper.make_node("Transpose", ["cat"], ["t"], name="transpose", perm=[0, 2, 3, 1]),
              helper.make_node("Softmax", ["t"], ["y"], name="softmax", axis=-1)]
-    return _model(nodes, [("x", [1, 4, 5, 5])], [("y", [1, 7, 7, 4])])
+    return make_model(nodes, [("x", [1, 4, 5, 5])], [("y", [1, 7, 7, 4])])
 
 
 def _initializer_input_model():
@@ -89,8 +48,8 @@ def _initializer_input_model():
     nodes = [helper.make_node("Cast", ["w64"], ["w"], name="cast_w", to=F),
              helper.make_node("Identity", ["w"], ["wi"], name="identity"),
              helper.make_node("MatMul", ["x", "wi"], ["y"], name="matmul")]
-    model = _model(nodes, [("x", [2, 6])], [("y", [2, 4])],
-                   {"w64": _weights(3, 6, 4).astype(np.float64)})
+    model = make_model(nodes, [("x", [2, 6])], [("y", [2, 4])],
+                       {"w64": weights(3, 6, 4).astype(np.float64)})
     model.graph.input.append(helper.make_tensor_value_info("w64", TensorProto.DOUBLE, [6, 4]))
     return model
 
@@ -99,12 +58,12 @@ def _initializer_input_model():
                          ids=["conv", "attributes", "initializer_inputs"])
 def test_hand_built_models_round_trip(build):
     model = build()
-    graph = _round_trip(model)
+    graph = round_trip(model)
     assert all(not graph.values[i].is_const for i in graph.inputs)
 
 
 def test_constants_and_attributes_become_python_values():
-    graph = _round_trip(_attribute_model())
+    graph = round_trip(_attribute_model())
     assert "Constant" not in graph.ops()
     assert graph.node("pad").attrs == {"mode": "reflect"}
     assert graph.node("leaky").attr("alpha") == pytest.approx(0.1)
@@ -114,7 +73,7 @@ def test_constants_and_attributes_become_python_values():
 
 
 def test_initializer_inputs_are_constants_and_weight_casts_fold():
-    graph = _round_trip(_initializer_input_model())
+    graph = round_trip(_initializer_input_model())
     assert graph.inputs == ["x"] and graph.ops() == ["MatMul"]
     assert graph.values[graph.node("matmul").inputs[1]].dtype == "float32"
 
@@ -130,13 +89,13 @@ def _pytorch_flatten_model():
                               axis=0),
              helper.make_node("Reshape", ["x", "target"], ["flat"], name="/Reshape"),
              helper.make_node("Gemm", ["flat", "w", "b"], ["y"], name="/fc/Gemm", transB=1)]
-    return _model(nodes, [("x", ["N", 4, 3, 3])], [("y", ["N", 5])],
-                  {"axes": np.array([0]), "minus1": np.array([-1]), "w": _weights(4, 5, 36),
-                   "b": _weights(5, 5)})
+    return make_model(nodes, [("x", ["N", 4, 3, 3])], [("y", ["N", 5])],
+                      {"axes": np.array([0]), "minus1": np.array([-1]), "w": weights(4, 5, 36),
+                   "b": weights(5, 5)})
 
 
 def test_pytorch_flatten_chain_folds_into_one_reshape():
-    graph = _round_trip(_pytorch_flatten_model(), input_shapes={"x": (2, 4, 3, 3)})
+    graph = round_trip(_pytorch_flatten_model(), input_shapes={"x": (2, 4, 3, 3)})
     assert graph.ops() == ["Reshape", "Gemm"]
     np.testing.assert_array_equal(graph.const(graph.node("/Reshape").inputs[1]), [2, -1])
     assert graph.values["flat"].shape == (2, 36) and graph.values["y"].shape == (2, 5)
@@ -178,13 +137,13 @@ def test_other_opsets_are_converted_to_the_ir_opset():
     # Opset 18 moved ReduceMean's axes to an input; the IR (opset 17) has the attribute.
     nodes = [helper.make_node("ReduceMean", ["x", "axes"], ["m"], name="mean", keepdims=1),
              helper.make_node("Sub", ["x", "m"], ["y"], name="sub")]
-    model = _model(nodes, [("x", [2, 3, 4])], [("y", [2, 3, 4])], {"axes": np.array([2])},
-                   opset=18)
-    graph = _round_trip(model)
+    model = make_model(nodes, [("x", [2, 3, 4])], [("y", [2, 3, 4])], {"axes": np.array([2])},
+                       opset=18)
+    graph = round_trip(model)
     assert graph.node("mean").attr("axes") == [2]
-    old = _model([helper.make_node("Softmax", ["x"], ["y"], name="softmax", axis=1)],
-                 [("x", [2, 5])], [("y", [2, 5])], opset=13)
-    assert _round_trip(old).ops() == ["Softmax"]
+    old = make_model([helper.make_node("Softmax", ["x"], ["y"], name="softmax", axis=1)],
+                     [("x", [2, 5])], [("y", [2, 5])], opset=13)
+    assert round_trip(old).ops() == ["Softmax"]
 
 
 def _opset21_model(resize_attrs=None):
@@ -194,13 +153,13 @@ def _opset21_model(resize_attrs=None):
              helper.make_node("Resize", ["s0", "", "scales"], ["r"], name="resize",
                               mode="nearest", **(resize_attrs or {})),
              helper.make_node("ReduceMax", ["s1", "axes"], ["y"], name="max", keepdims=0)]
-    return _model(nodes, [("x", [1, 4, 4, 4])], [("r", [1, 2, 12, 12]), ("y", [1, 2, 6])],
-                  {"pads": np.array([0, 0, 1, 1, 0, 0, 1, 1]), "axes": np.array([2]),
+    return make_model(nodes, [("x", [1, 4, 4, 4])], [("r", [1, 2, 12, 12]), ("y", [1, 2, 6])],
+                      {"pads": np.array([0, 0, 1, 1, 0, 0, 1, 1]), "axes": np.array([2]),
                    "scales": np.array([1, 1, 2, 2], np.float32)}, opset=21)
 
 
 def test_newer_opsets_are_converted_down_to_the_ir_opset():
-    graph = _round_trip(_opset21_model())
+    graph = round_trip(_opset21_model())
     assert graph.ops() == ["Pad", "Split", "Resize", "ReduceMax"]
     assert "num_outputs" not in graph.node("split").attrs
     assert graph.node("max").attr("axes") == [2]
@@ -213,7 +172,7 @@ def test_to_onnx_writes_other_opsets():
     model = to_onnx(graph, opset=21)
     assert model.opset_import[0].version == 21
     x = np.ones((1, 3, 16, 16), np.float32)
-    np.testing.assert_array_equal(_run(model, {"x": x})[0], _run(_conv_model(), {"x": x})[0])
+    np.testing.assert_array_equal(run_ort(model, {"x": x})[0], run_ort(_conv_model(), {"x": x})[0])
 
 
 def test_model_files_load(tmp_path):
@@ -230,7 +189,7 @@ ZOO_SMALL = ["mlp", "lenet", "small_resnet", "mobilenet"]
 @pytest.mark.parametrize("name", ZOO_SMALL)
 def test_zoo_float_models_round_trip(name):
     model = zoo.ZOO[name]()
-    graph = _round_trip(model)
+    graph = round_trip(model)
     assert Counter(graph.ops()) == Counter(n.op_type for n in model.graph.node)
 
 
@@ -238,7 +197,7 @@ def test_zoo_float_models_round_trip(name):
 def test_zoo_qdq_models_round_trip(name):
     model = zoo.ZOO[name]()
     qdq = zoo.to_qdq(model, zoo.calibration_data(model, n=2))
-    graph = _round_trip(qdq)
+    graph = round_trip(qdq)
     assert Counter(graph.ops()) == Counter(n.op_type for n in qdq.graph.node)
     # Every weight stays int8 behind its DequantizeLinear (nothing folded into float).
     weights = [n for n in graph if n.op in ("Conv", "Gemm", "MatMul")]
@@ -262,57 +221,62 @@ def test_resnet18_imports():
 
 
 # -------------------------------------------------------------------- bad models
-def _opset12():
-    return _model([helper.make_node("Relu", ["x"], ["y"], name="relu")], [("x", [1, 4])],
-                  [("y", [1, 4])], opset=12)
+def _opset(opset):
+    """A Relu at ``opset``: outside the range the compiler takes for 6 and 28."""
+    def build():
+        return make_model([helper.make_node("Relu", ["x"], ["y"], name="relu")],
+                          [("x", [1, 4])], [("y", [1, 4])], opset=opset, ir_version=13)
+    return build
 
 
 def _missing_input():
-    return _model([helper.make_node("Add", ["x", "nope"], ["y"], name="adder")],
-                  [("x", [1, 4])], [("y", [1, 4])])
+    return make_model([helper.make_node("Add", ["x", "nope"], ["y"], name="adder")],
+                      [("x", [1, 4])], [("y", [1, 4])])
 
 
 def _out_of_order():
-    return _model([helper.make_node("Relu", ["t"], ["y"], name="late_relu"),
+    return make_model([helper.make_node("Relu", ["t"], ["y"], name="late_relu"),
                    helper.make_node("Relu", ["x"], ["t"], name="early_relu")],
                   [("x", [1, 4])], [("y", [1, 4])])
 
 
 def _unknown_op():
-    return _model([helper.make_node("Frobnicate", ["x"], ["y"], name="weird")],
-                  [("x", [1, 4])], [("y", [1, 4])])
+    return make_model([helper.make_node("Frobnicate", ["x"], ["y"], name="weird")],
+                      [("x", [1, 4])], [("y", [1, 4])])
 
 
 def _conv(**attrs):
     def build():
-        return _model([helper.make_node("Conv", ["x", "w"], ["y"], name="conv1", **attrs)],
-                      [("x", [1, 3, 8, 8])], [("y", ["n", "c", "h", "w"])],
-                      {"w": _weights(0, 4, 3, 3, 3)})
+        return make_model([helper.make_node("Conv", ["x", "w"], ["y"], name="conv1", **attrs)],
+                          [("x", [1, 3, 8, 8])], [("y", ["n", "c", "h", "w"])],
+                          {"w": weights(0, 4, 3, 3, 3)})
     return build
 
 
 def _dynamic_batch():
-    return _model([helper.make_node("Relu", ["x"], ["y"], name="relu")], [("x", ["N", 3, 4, 4])],
-                  [("y", ["N", 3, 4, 4])])
+    return make_model([helper.make_node("Relu", ["x"], ["y"], name="relu")],
+                      [("x", ["N", 3, 4, 4])], [("y", ["N", 3, 4, 4])])
 
 
 def _contrib_op():
-    model = _model([helper.make_node("Gelu", ["x"], ["y"], name="gelu", domain="com.microsoft")],
-                   [("x", [1, 4])], [("y", [1, 4])])
+    gelu = helper.make_node("Gelu", ["x"], ["y"], name="gelu", domain="com.microsoft")
+    model = make_model([gelu], [("x", [1, 4])], [("y", [1, 4])])
     model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     return model
 
 
 BAD_MODELS = {
     "not_onnx": (lambda: b"this is not an ONNX model", {}, ["not an ONNX model"]),
-    "opset_12": (_opset12, {}, ["opset 12", "convert_version"]),
+    "opset_6": (_opset(6), {}, ["opset 6", "opsets 7 to 27"]),
+    "opset_28": (_opset(28), {}, ["opset 28", "opsets 7 to 27"]),
     "missing_input": (_missing_input, {}, ["'adder'", "'nope'", "no graph input"]),
     "out_of_order": (_out_of_order, {}, ["'late_relu'", "'early_relu'", "topological"]),
     "unknown_op": (_unknown_op, {}, ["'weird'", "Frobnicate"]),
     "conv_kernel_shape": (_conv(kernel_shape=[5, 5]), {}, ["'conv1'", "kernel_shape [5, 5]"]),
     "conv_strides": (_conv(strides=[1, 1, 1]), {}, ["'conv1'", "strides"]),
     "conv_group": (_conv(group=2), {}, ["'conv1'", "group 2"]),
-    "dynamic_batch": (_dynamic_batch, {}, ["'x'", "dim 0", "input_shapes={'x': (1, 3, 4, 4)}"]),
+    "dynamic_batch": (_dynamic_batch, {}, ["'x'", "dim 0 ('N')", "--input-shape x=1,3,4,4",
+                                           "input_shapes={'x': (1, 3, 4, 4)}"]),
     "unknown_input": (_dynamic_batch, {"x": (1, 3, 4, 4), "image": (1, 3)},
                       ["'image'", "not an input", "['x']"]),
     "contradicting_shape": (_dynamic_batch, {"x": (1, 3, 5, 4)},

@@ -133,10 +133,17 @@ def test_matmul_bias_relu_fuses_and_matches_onnxruntime() -> None:
     np.testing.assert_array_equal(run_reference(graph, feed)["logits"], expected)
 
 
-def test_nonzero_weight_zero_point_stays_unfused() -> None:
-    graph = import_onnx(_dense_model(weight_zero_point=1))
-    assert fuse_qdq(graph) == 0
-    assert "MatMul" in graph.ops() and not any(n.domain for n in graph.nodes)
+def test_weight_zero_points_are_subtracted_from_the_weights() -> None:
+    model = _dense_model(weight_zero_point=1)
+    graph = import_onnx(model)
+    assert fuse_qdq(graph) == 1
+    (dense,) = [n for n in graph.nodes if n.domain == DOMAIN]
+    stored = graph.values[dense.inputs[1]].data
+    w = numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == "w"))
+    np.testing.assert_array_equal(stored, (w.astype(np.int16) - 1).T)
+    feed = {"input": np.random.default_rng(4).standard_normal((2, 24), dtype=np.float32) * 3}
+    np.testing.assert_array_equal(run_reference(graph, feed)["logits"],
+                                  _session(model).run(None, feed)[0])
 
 
 def test_float_tensor_read_twice_stays_unfused() -> None:

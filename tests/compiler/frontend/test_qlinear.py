@@ -1,0 +1,91 @@
+"""QLinearAdd as onnxruntime computes it, on every operand pair.
+
+The path: MLAS's x86 kernel (``qladd_avx2.cpp``), which onnxruntime runs on AVX2 and
+AVX-512 CPUs alike. On ARM onnxruntime computes QLinearAdd in fixed point (NEON), which
+the golden model does not emulate: the comparison is skipped there, saying so.
+"""
+from __future__ import annotations
+
+import platform
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tessera.compiler import zoo
+from tessera.compiler.frontend.onnx_import import import_onnx
+from tessera.compiler.frontend.qdq import fuse_qdq
+from tessera.compiler.frontend.qlinear import qlinear_add_reference
+
+pytestmark = pytest.mark.skipif(
+    platform.machine().lower() not in ("x86_64", "amd64"),
+    reason="onnxruntime's QLinearAdd on this CPU is MLAS's NEON fixed-point kernel; the "
+           "golden model emulates the x86 (AVX2/AVX-512) float kernel")
+
+DTYPES = {np.int8: TensorProto.INT8, np.uint8: TensorProto.UINT8}
+
+
+def _onnxruntime_qlinear_add(a, b, params, dtype):
+    """onnxruntime's com.microsoft QLinearAdd of ``a`` and ``b``."""
+    sa, za, sb, zb, sy, zy = params
+    values = [("sa", sa, np.float32), ("za", za, dtype), ("sb", sb, np.float32),
+              ("zb", zb, dtype), ("sy", sy, np.float32), ("zy", zy, dtype)]
+    inits = [numpy_helper.from_array(np.array(v, t), n) for n, v, t in values]
+    node = helper.make_node("QLinearAdd", ["a", "sa", "za", "b", "sb", "zb", "sy", "zy"],
+                            ["y"], domain="com.microsoft")
+    tensor = [helper.make_tensor_value_info(n, DTYPES[dtype], list(a.shape)) for n in "aby"]
+    graph = helper.make_graph([node], "qladd", tensor[:2], tensor[2:], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    session = ort.InferenceSession(model.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    return session.run(None, {"a": a, "b": b})[0].astype(np.int64)
+
+
+def _every_pair(dtype):
+    info = np.iinfo(dtype)
+    values = np.arange(info.min, info.max + 1).astype(dtype)
+    a, b = np.meshgrid(values, values, indexing="ij")
+    return a.reshape(1, -1).copy(), b.reshape(1, -1).copy()
+
+
+def _random_params(rng, dtype):
+    info = np.iinfo(dtype)
+    scales = [float(np.float32(rng.uniform(0.001, 0.1))) for _ in range(3)]
+    zps = [int(rng.integers(info.min, info.max + 1)) for _ in range(3)]
+    return scales[0], zps[0], scales[1], zps[1], scales[2], zps[2]
+
+
+def _assert_every_pair_agrees(params, dtype):
+    a, b = _every_pair(dtype)
+    info = np.iinfo(dtype)
+    want = _onnxruntime_qlinear_add(a, b, params, dtype)
+    got = qlinear_add_reference(a, b, *params, info.min, info.max)
+    wrong = np.nonzero(got != want)[1]
+    assert not wrong.size, (
+        f"{wrong.size} of {a.size} pairs differ for {params}, e.g. a={a[0, wrong[0]]} "
+        f"b={b[0, wrong[0]]}: onnxruntime {want[0, wrong[0]]}, ours {got[0, wrong[0]]}")
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8], ids=["int8", "uint8"])
+def test_random_parameter_sets_agree_on_every_pair(dtype):
+    """150 random parameter sets (the uncontracted form of ``fixed`` fails 6 of them)."""
+    rng = np.random.default_rng(0)
+    for _ in range(150):
+        _assert_every_pair_agrees(_random_params(rng, dtype), dtype)
+
+
+def test_the_zoo_models_adds_agree_on_every_pair():
+    """The parameter sets of real adds: small_resnet's residual adds, quantized by
+    onnxruntime from calibration data."""
+    model = zoo.small_resnet(blocks=(2, 2, 2))
+    graph = import_onnx(zoo.to_qdq(model, zoo.calibration_data(model, 4)))
+    fuse_qdq(graph)
+    adds = [n for n in graph.nodes if n.op == "QAdd"]
+    assert len(adds) >= 3
+    for node in adds:
+        p = node.attrs
+        _assert_every_pair_agrees((p["a_scale"], p["a_zero_point"], p["b_scale"],
+                                   p["b_zero_point"], p["y_scale"], p["y_zero_point"]),
+                                  np.int8)
