@@ -10,6 +10,7 @@ from .elementwise import E, fused_elementwise, maximum, minimum
 from .gather import build_gather, build_gather_elements
 from .kernel import DTYPES, CpuKernel, TensorSpec
 from .layout_ops import build_concat, build_pad, build_split, build_transpose
+from .lrn import build_lrn
 from .norm import layer_norm
 from .pool import (build_average_pool, build_global_average_pool, build_global_max_pool,
                    build_max_pool)
@@ -24,7 +25,7 @@ __all__ = [
     # math kernels
     "E", "fused_elementwise", "maximum", "minimum",
     "REDUCE_OPS", "reduction", "reduce_sum", "reduce_mean", "reduce_max", "reduce_min",
-    "softmax", "log_softmax", "layer_norm",
+    "softmax", "log_softmax", "layer_norm", "build_lrn",
     # data-movement, pooling, resize, int8 conv / matmul kernels
     "build_concat", "build_pad", "build_split", "build_transpose", "build_slice",
     "build_expand", "build_tile", "build_depth_to_space", "build_space_to_depth",

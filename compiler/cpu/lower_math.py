@@ -1,6 +1,6 @@
 """CPU lowerings of the elementwise math ops (domain ""): activations, arithmetic,
 rounding, comparisons, Where, and the per-channel normalisations (standalone
-BatchNormalization, InstanceNormalization); :data:`MATH_LOWERINGS` maps each op type to
+BatchNormalization, InstanceNormalization, LRN); :data:`MATH_LOWERINGS` maps each op type to
 its lowering (see :mod:`.lower`).
 
 Each op is one fused elementwise kernel (one pass over memory) written as an
@@ -22,9 +22,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..cpu import CpuKernel, E, TensorSpec, fused_elementwise, layer_norm, maximum, minimum
+from ..cpu import (CpuKernel, E, TensorSpec, build_lrn, fused_elementwise, layer_norm, maximum,
+                   minimum)
 from .elementwise import where
-from .lower_plan import LowerFn, NodeLowering, Operands, Plan
+from .lower_plan import LowerFn, NodeLowering, Operands, Plan, single_step
 
 __all__ = ["MATH_LOWERINGS"]
 
@@ -278,6 +279,17 @@ def _instance_norm(low: NodeLowering) -> list[Plan]:
     return [*plans, _channel_plan(ops, read_as, y * scale + bias, low)]
 
 
+def _lrn(low: NodeLowering) -> list[Plan]:
+    """Local response normalisation across channels: one kernel (:mod:`.lrn`)."""
+    x = low.spec(low.node.input(0), FLOAT)
+    low.require(x.ndim >= 3, f"its input has rank {x.ndim}; LRN needs (N, C, D1, ...)")
+    size = low.attr("size")
+    low.require(isinstance(size, int) and size >= 1, f"its size attribute is {size!r}; LRN "
+                "needs a positive integer size")
+    return single_step(low, build_lrn, x, size, float(low.attr("alpha", 1e-4)),
+                       float(low.attr("beta", 0.75)), float(low.attr("bias", 1.0)))
+
+
 # ---------------------------------------------------------------------- dispatch table
 #: op type -> lowering.
 MATH_LOWERINGS: dict[str, LowerFn] = {
@@ -327,4 +339,5 @@ MATH_LOWERINGS: dict[str, LowerFn] = {
     # per-channel normalisation
     "BatchNormalization": _batch_norm,
     "InstanceNormalization": _instance_norm,
+    "LRN": _lrn,
 }
