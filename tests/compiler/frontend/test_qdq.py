@@ -6,7 +6,6 @@ from collections import Counter
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -15,29 +14,12 @@ from tessera.compiler.frontend.graph import Graph
 from tessera.compiler.frontend.onnx_import import import_onnx
 from tessera.compiler.frontend.qdq import DOMAIN, fuse_qdq
 from tessera.compiler.golden.quantized import run_reference
+from tests.compiler.qdq_models import exposed, session
 
 MODELS = ("mlp", "lenet", "small_resnet", "mobilenet")
 #: Fused op each float op of the zoo models must become.
 FUSED = {"Conv": "QConv", "Gemm": "QGemm", "Add": "QAdd", "MaxPool": "QMaxPool",
          "GlobalAveragePool": "QGlobalAveragePool"}
-
-
-def _session(model: onnx.ModelProto) -> ort.InferenceSession:
-    """onnxruntime at its default optimization level, with its int8 QDQ kernels."""
-    options = ort.SessionOptions()
-    options.add_session_config_entry("session.qdqisint8allowed", "1")
-    return ort.InferenceSession(model.SerializeToString(), options,
-                                providers=["CPUExecutionProvider"])
-
-
-def _exposed(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
-    """``model`` with the tensors ``names`` (QuantizeLinear outputs) as extra outputs."""
-    inferred = onnx.shape_inference.infer_shapes(model)
-    infos = {v.name: v for v in inferred.graph.value_info}
-    exposed = onnx.ModelProto()
-    exposed.CopyFrom(model)
-    exposed.graph.output.extend(infos[name] for name in names)
-    return exposed
 
 
 @pytest.fixture(scope="module", params=MODELS)
@@ -69,12 +51,12 @@ def test_matches_onnxruntime_node_by_node(case) -> None:
     name, _, qdq, graph = case
     fused = [n for n in graph.nodes if n.domain == DOMAIN]
     names = [n.outputs[0] for n in fused]
-    session = _session(_exposed(qdq, names))
+    ort_session = session(exposed(qdq, names))
     rng = np.random.default_rng(7)
     per_op: dict[str, list[int]] = {}
     for _ in range(2):
         feed = {"input": rng.standard_normal(graph.values["input"].shape, dtype=np.float32)}
-        got = session.run(None, feed)
+        got = ort_session.run(None, feed)
         ref = run_reference(graph, feed, outputs=[*graph.outputs, *names])
         np.testing.assert_allclose(ref[graph.outputs[0]], got[0], rtol=0, atol=0)
         for node, actual in zip(fused, got[1:]):
@@ -129,7 +111,7 @@ def test_matmul_bias_relu_fuses_and_matches_onnxruntime() -> None:
     assert (dense.attrs["y_min"], dense.attrs["y_max"]) == (-5, 127)
     assert graph.values[dense.inputs[1]].shape == (8, 24)
     feed = {"input": np.random.default_rng(4).standard_normal((2, 24), dtype=np.float32) * 3}
-    expected = _session(model).run(None, feed)[0]
+    expected = session(model).run(None, feed)[0]
     np.testing.assert_array_equal(run_reference(graph, feed)["logits"], expected)
 
 
@@ -143,7 +125,7 @@ def test_weight_zero_points_are_subtracted_from_the_weights() -> None:
     np.testing.assert_array_equal(stored, (w.astype(np.int16) - 1).T)
     feed = {"input": np.random.default_rng(4).standard_normal((2, 24), dtype=np.float32) * 3}
     np.testing.assert_array_equal(run_reference(graph, feed)["logits"],
-                                  _session(model).run(None, feed)[0])
+                                  session(model).run(None, feed)[0])
 
 
 def test_float_tensor_read_twice_stays_unfused() -> None:

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime import quantization as ortq
@@ -26,6 +25,7 @@ from tessera.compiler import zoo
 from tessera.compiler.frontend.qoperator import QOPERATOR_OPS, expand_qoperators
 from tessera.compiler.golden.check import reference_outputs
 from tessera.errors import CompileError
+from tests.compiler.qdq_models import session
 
 MS = "com.microsoft"
 RNG = np.random.default_rng(15)
@@ -130,13 +130,6 @@ def _expanded(model: onnx.ModelProto) -> onnx.ModelProto:
     return copy
 
 
-def _session(model: onnx.ModelProto) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.add_session_config_entry("session.qdqisint8allowed", "1")
-    return ort.InferenceSession(model.SerializeToString(), options,
-                                providers=["CPUExecutionProvider"])
-
-
 @pytest.fixture(scope="module", params=[(op, a) for op in CASES for a in ACTIVATIONS],
                 ids=lambda p: f"{p[0]}-{p[1]}")
 def case(request) -> tuple[str, onnx.ModelProto]:
@@ -151,7 +144,7 @@ def test_onnxruntime_computes_the_expansion_identically(case) -> None:
     expanded = _expanded(qoperator)
     onnx.checker.check_model(expanded)
     assert not {(n.domain, n.op_type) for n in expanded.graph.node} & QOPERATOR_OPS
-    theirs, ours = _session(qoperator), _session(expanded)
+    theirs, ours = session(qoperator), session(expanded)
     for feed in _feeds(qoperator, 20, 2):
         # The models end in DequantizeLinear: equal floats are equal int8 values.
         np.testing.assert_array_equal(ours.run(None, feed)[0], theirs.run(None, feed)[0])

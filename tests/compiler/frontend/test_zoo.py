@@ -5,11 +5,11 @@ from collections import Counter
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tessera.compiler import zoo
+from tests.compiler.qdq_models import session
 
 #: name -> (number of classes, parameters as torch counts them, MACs at the default size).
 SIZES = {
@@ -28,18 +28,10 @@ def models() -> dict[str, onnx.ModelProto]:
     return {name: build() for name, build in zoo.ZOO.items()}
 
 
-def _session(model: onnx.ModelProto) -> ort.InferenceSession:
-    """A CPU session that runs QDQ models with onnxruntime's int8 kernels."""
-    options = ort.SessionOptions()
-    options.add_session_config_entry("session.qdqisint8allowed", "1")
-    return ort.InferenceSession(model.SerializeToString(), options,
-                                providers=["CPUExecutionProvider"])
-
-
 def _run(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]]) -> np.ndarray:
     """The logits of every feed, stacked along the batch axis."""
-    session = _session(model)
-    return np.concatenate([session.run(None, feed)[0] for feed in feeds])
+    ort_session = session(model)
+    return np.concatenate([ort_session.run(None, feed)[0] for feed in feeds])
 
 
 def _weights(model: onnx.ModelProto) -> dict[str, np.ndarray]:
@@ -176,7 +168,7 @@ def test_activations_keep_their_scale(models, name):
     model.graph.output.extend(helper.make_tensor_value_info(b, TensorProto.FLOAT, None)
                               for b in blocks)
     feed = zoo.calibration_data(model, n=1, seed=3)[0]
-    logits, *outputs = _session(model).run(None, feed)
+    logits, *outputs = session(model).run(None, feed)
     assert len(outputs) == {"small_resnet": 3, "resnet18": 8, "mobilenet": 13}[name]
     ratios = np.array([y.std() for y in outputs]) / feed[zoo.INPUT].std()
     assert ((ratios > 0.1) & (ratios < 10)).all(), dict(zip(blocks, ratios))
