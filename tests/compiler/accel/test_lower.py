@@ -124,11 +124,16 @@ def test_qlinear_add_fixed_point_is_exact_on_every_pair(sa, za, sb, zb, sy, zy, 
     a, b = np.meshgrid(np.arange(-128, 128), np.arange(-128, 128))
     a, b = a.astype(np.int8), b.astype(np.int8)
     want = qlinear_add_reference(a, b, sa, za, sb, zb, sy, zy, y_min, 127)
+    _assert_fixed_point_add_gives(want, a, b, (sa, za, sb, zb, sy, zy, y_min, 127))
+
+
+def _assert_fixed_point_add_gives(want, a, b, params, **options) -> None:
+    """``qlinear_add(*params)``'s fixed-point stages give ``want`` on operands ``a``, ``b``
+    (or, about 1 parameter set in 100, it says there is no exact linear form: float32
+    noise at ties depends on the operands' parity; such an add runs on the CPU)."""
     try:
-        big_a, stages = qlinear_add(sa, za, sb, zb, sy, zy, y_min, 127)
+        big_a, stages = qlinear_add(*params, **options)
     except CompileError as exc:
-        # About 1 parameter set in 100 has no exact linear form (float32 noise at ties
-        # depends on the operands' parity); such an add runs on the CPU (test below).
         assert "no int32 fixed-point form" in str(exc)
         return
     got = reference_stages(big_a * a.astype(np.int64), stages, 0, {"b": b})
@@ -246,14 +251,8 @@ def test_qlinear_add_from_uint8_is_exact_on_every_pair(sa, za, sb, zb, sy, zy, r
     a, b = (v.astype(np.int8) for v in np.meshgrid(np.arange(-128, 128),
                                                    np.arange(-128, 128)))
     want = qadd_reference(a, b, attrs)
-    try:
-        big_a, stages = qlinear_add(sa, za - 128, sb, zb - 128, sy, zy - 128, attrs["y_min"],
-                                    127, from_uint8=True)
-    except CompileError as exc:
-        assert "no int32 fixed-point form" in str(exc)
-        return
-    got = reference_stages(big_a * a.astype(np.int64), stages, 0, {"b": b})
-    np.testing.assert_array_equal(np.clip(got, -128, 127), want)
+    _assert_fixed_point_add_gives(want, a, b, (sa, za - 128, sb, zb - 128, sy, zy - 128,
+                                               attrs["y_min"], 127), from_uint8=True)
 
 
 def test_uint8_model_runs_on_the_accelerator_like_onnxruntime() -> None:
