@@ -39,7 +39,7 @@ from tessera.modelfile import ModelFile
 
 from .accel.build import CompiledProgram, compile_ops
 from .cpu.lower import CpuStep
-from .accel.ops import Conv2d, Dense, Op, Pool2d, Residual
+from .accel.ops import Concat, Conv2d, ConvTranspose2d, Dense, Op, Pool2d, Residual
 from .accel.roofline import op_roofline
 
 __all__ = ["AccelStep", "CompiledModel", "LayerInfo", "TensorSig", "compile_model"]
@@ -249,6 +249,7 @@ def import_quantized(model: Any, input_shapes, calibration, report: Progress):
     """Stage 1 (frontend): the model as a graph of int8 QDQ nodes, and the QDQ ONNX model
     onnxruntime runs as the reference. A float model is quantized from ``calibration``."""
     from .frontend.onnx_import import import_onnx, to_onnx
+    from .frontend.passes import chain_sums
     from .frontend.quantize import is_quantized, quantize_static
 
     report("import", 0, 1)
@@ -263,6 +264,7 @@ def import_quantized(model: Any, input_shapes, calibration, report: Progress):
                  "stack of samples) or --random-calibration N to quantize it to int8, or "
                  "give an int8 QDQ model"})
     report("quantize", 0, 1)
+    chain_sums(graph)  # onnxruntime quantizes Adds, not Sums
     reference = quantize_static(to_onnx(graph), calibration)
     _name_after_user_nodes(reference, graph)
     return import_onnx(reference, input_shapes), reference
@@ -304,12 +306,13 @@ def fuse_integer_nodes(graph) -> None:
     into integer nodes, quantized activations into lookup tables, flattened Gemms
     converted; the graph verified."""
     from .accel.lower import convert_flattened_gemms
-    from .frontend.passes import fold_batch_norm, remove_identity
+    from .frontend.passes import fold_batch_norm, lift_global_pools, remove_identity
     from .frontend.qdq import fuse_qdq
     from .frontend.qlookup import tabulate_quantized_activations
 
     remove_identity(graph)
     fold_batch_norm(graph)
+    lift_global_pools(graph)
     fuse_qdq(graph)
     tabulate_quantized_activations(graph)
     convert_flattened_gemms(graph)
@@ -463,10 +466,13 @@ def _fuse_add(graph, add, ops: list[Op], readers: dict[str, list[int]]):
 def _layer_info(op: Op, nodes: list[str], program: CompiledProgram, graph) -> LayerInfo:
     roof = op_roofline(op, lambda t: graph.value(t).shape, program.config)
     if isinstance(op, (Conv2d, Dense)):
+        conv = "convT" if isinstance(op, ConvTranspose2d) else "conv"
         kind = "dense" if isinstance(op, Dense) else (
-            "conv" if op.groups == 1 else f"conv/{op.groups}")
+            conv if op.groups == 1 else f"{conv}/{op.groups}")
         if any(isinstance(st, Residual) for st in op.epilogue):
             kind += "+add"                        # a residual add fused into the epilogue
+    elif isinstance(op, Pool2d):
+        kind = f"{op.kind}pool"
     else:
-        kind = f"{op.kind}pool" if isinstance(op, Pool2d) else f"eltwise {op.op}"
+        kind = "concat" if isinstance(op, Concat) else f"eltwise {op.op}"
     return LayerInfo(op.name, kind, nodes, roof.macs, roof.bound, roof.limit)

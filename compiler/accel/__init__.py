@@ -8,7 +8,8 @@ In pipeline order:
   :mod:`.packing`), each operator tensorized, DRAM planned (:mod:`.dram`), tokens inserted
   (:mod:`.sync`), the program verified (:mod:`.verify`).
 * Tiling and tensorization: :mod:`.convplan` (geometry and legality), :mod:`.convcost`
-  (the cycle model that picks a tiling), :mod:`.conv` (GEMM tensorizer); :mod:`.pool` and
+  (the cycle model that picks a tiling), :mod:`.conv` (GEMM tensorizer; transposed
+  convolutions as its sub-pixel phases, :mod:`.convtranspose`); :mod:`.pool` and
   :mod:`.eltwise` on the tensor ALU (:mod:`.acctile` is their shared tiling);
   :mod:`.epilogue` (stages to ALU steps); :mod:`.nest` (loop nests to hardware loops and
   uop kernels); :mod:`.emit` (the program under construction).

@@ -32,7 +32,7 @@ from .dram import DramPlan, plan_dram
 from .emit import Emitter, Place
 from tessera.errors import CompileError
 from .layout import ActLayout, int_dtype, pack_activation, unpack_activation
-from .ops import Conv2d, Dense, Eltwise, Op, Pool2d
+from .ops import Concat, Conv2d, ConvTranspose2d, Dense, Eltwise, Op, Pool2d
 from .packing import PackedInput, pack_small_channel_convs
 from .sync import insert_dependency_tokens
 
@@ -241,7 +241,11 @@ def compile_ops(ops: Sequence[Op], input_shapes: Mapping[str, tuple[int, ...]],
             on_op(op)
         forced = (plans or {}).get(op.name)
         res = {t: tensors[t] for t in op.inputs[1:]}
-        if isinstance(op, (Conv2d, Dense)):
+        if isinstance(op, ConvTranspose2d):
+            from .convtranspose import tensorize_conv_transpose2d
+            used_plans[op.name] = tensorize_conv_transpose2d(
+                em, op, tensors[op.input], tensors[op.output], res, threads=threads, plan=forced)
+        elif isinstance(op, (Conv2d, Dense)):
             used_plans[op.name] = tensorize_conv2d(em, op, tensors[op.inputs[0]],
                                                    tensors[op.output], res, threads=threads,
                                                    plan=forced)  # type: ignore[arg-type]
@@ -249,6 +253,8 @@ def compile_ops(ops: Sequence[Op], input_shapes: Mapping[str, tuple[int, ...]],
             from .pool import tensorize_pool2d
             used_plans[op.name] = tensorize_pool2d(em, op, tensors[op.input], tensors[op.output],
                                                    res, threads=threads, plan=forced)
+        elif isinstance(op, Concat):
+            continue          # its parts' producers stored them in place (plan_dram)
         elif isinstance(op, Eltwise):
             from .eltwise import tensorize_eltwise
             used_plans[op.name] = tensorize_eltwise(em, op, tensors, threads=threads,
@@ -256,13 +262,29 @@ def compile_ops(ops: Sequence[Op], input_shapes: Mapping[str, tuple[int, ...]],
         else:
             raise CompileError(f"unsupported operator {op!r}")
     program = insert_dependency_tokens(em.finish())
-    op_bounds = program.sync_stats.map_bounds(em.op_bounds())  # type: ignore[attr-defined]
+    op_bounds = _per_operator(program.sync_stats.map_bounds(em.op_bounds()),  # type: ignore
+                              [op.name for op in ops])
     if verify:
         from .verify import verify_program
         verify_program(program)
     return CompiledProgram(cfg, program, tensors, user_inputs, outs, used_plans, dram,
                            time.perf_counter() - t0, input_transforms, list(input_shapes),
                            op_bounds)
+
+
+def _per_operator(bounds: list[tuple[str, int, int]], names: Sequence[str]
+                  ) -> list[tuple[str, int, int]]:
+    """``bounds`` with the consecutive parts of one operator (a transposed convolution's
+    phases, named ``<op>.phase<a><b>``) merged under the operator's name."""
+    known = set(names)
+    merged: list[tuple[str, int, int]] = []
+    for name, first, end in bounds:
+        owner = name if name in known else name.rsplit(".phase", 1)[0]
+        if merged and name != owner and merged[-1][0] == owner:
+            merged[-1] = (owner, merged[-1][1], end)
+        else:
+            merged.append((owner, first, end))
+    return merged
 
 
 def compile_op(op: Op, input_shapes: Mapping[str, tuple[int, ...]],

@@ -479,26 +479,45 @@ class ConvTensorizer:
                         base: int) -> list:
         """Loads of residual ``name``'s plane group (image blocks ``nbs``, output blocks
         ``oa:ob_`` of tile ``t``) to accumulator rows ``base``."""
-        g, c = self.g, self.config
+        c = self.config
         rl = ActLayout.of(self.out.layout.shape, c, c.block_out)
         px = t.pixels
-        planes = [(((n - nbs[0]) * (ob_ - oa) + (o - oa)) * px, rl.entry(n, o, t.oy0, t.ox0))
+        planes = [(((n - nbs[0]) * (ob_ - oa) + (o - oa)) * px, n, o)
                   for n in nbs for o in range(oa, ob_)]
         return plane_dmas(Load, mem=MemType.ACC8, sram_base=base, dram_base=self.res_elem[name],
-                          planes=planes, rows=t.oy1 - t.oy0, cols=t.ox1 - t.ox0,
-                          row_stride=g.ow, max_fields=self.em.max_dma)
+                          **self._dram_planes(rl, t, planes), max_fields=self.em.max_dma)
 
     def _chunk_stores(self, s: Step, chunk: tuple[int | None, int, int]) -> list:
         """The stores of one plane group ``(nb, ob0, ob1)`` of the tile."""
         t = s.tile
         nb, oa, ob_ = chunk
         ob_n, px = t.ob1 - t.ob0, t.pixels
-        out_l = self.out.layout
-        planes = [(((n - t.nb0) * ob_n + (o - t.ob0)) * px, out_l.entry(n, o, t.oy0, t.ox0))
+        planes = [(((n - t.nb0) * ob_n + (o - t.ob0)) * px, n, o)
                   for n in _image_blocks(t, nb) for o in range(oa, ob_)]
         return plane_dmas(Store, mem=MemType.OUT, sram_base=self.region_base(s.acc_slot),
-                          dram_base=self.out_elem, planes=planes, rows=t.oy1 - t.oy0,
-                          cols=t.ox1 - t.ox0, row_stride=self.g.ow, max_fields=self.em.max_dma)
+                          dram_base=self.out_elem, **self._dram_planes(self.out.layout, t, planes),
+                          max_fields=self.em.max_dma)
+
+    def _dram_planes(self, layout: ActLayout, t: Tile,
+                     planes: list[tuple[int, int, int]]) -> dict:
+        """The :func:`~.emit.plane_dmas` geometry moving tile ``t``'s output planes
+        ``(sram offset, image block, output block)`` to or from their places in an
+        output-shaped tensor of ``layout``: rows of ``g.ow`` pixels, or, for a phase of a
+        larger tensor (``self.out.view``), rows ``sy`` apart and pixels ``sx`` apart (a
+        DMA row per pixel)."""
+        rows, cols = t.oy1 - t.oy0, t.ox1 - t.ox0
+        if self.out.view is None:
+            return dict(planes=[(s, layout.entry(n, o, t.oy0, t.ox0)) for s, n, o in planes],
+                        rows=rows, cols=cols, row_stride=self.g.ow)
+        sy, sx, ay, ax = self.out.view
+        if sx == 1:
+            return dict(planes=[(s, layout.entry(n, o, sy * t.oy0 + ay, t.ox0 + ax))
+                                for s, n, o in planes],
+                        rows=rows, cols=cols, row_stride=sy * layout.w)
+        return dict(planes=[(s + r * cols, layout.entry(n, o, sy * (t.oy0 + r) + ay,
+                                                        sx * t.ox0 + ax))
+                            for s, n, o in planes for r in range(rows)],
+                    rows=cols, cols=1, row_stride=sx)
 
 
 def tensorize_conv2d(em: Emitter, op: Conv2d | Dense, inp: TensorInfo, out: TensorInfo,

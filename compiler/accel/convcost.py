@@ -56,6 +56,20 @@ def fetch_cycles_per_insn(config: HwConfig) -> float:
             + n * timing.FETCH_DISPATCH_CYCLES) / n
 
 
+def input_load_cycles(config: HwConfig, g: ConvGeom, it: InTile) -> tuple[float, int]:
+    """``(cycles, DMAs)`` loading input tile ``it``: a DMA per (image block, input block)
+    plane, except for a batch of one-pixel images (a dense layer over many rows) whose
+    tile holds every input block of each image: those planes lie evenly spaced in DRAM
+    and :func:`~.emit.plane_dmas` loads them as one DMA (a row per plane)."""
+    planes = (it.nb1 - it.nb0) * (it.c1 - it.c0)
+    rows, cols = it.rows - it.pads[0] - it.pads[1], it.cols - it.pads[2] - it.pads[3]
+    if (g.NB > 1 and g.h == g.w == 1 and planes > 1 and not any(it.pads)
+            and (it.c1 - it.c0 == g.CB or it.nb1 - it.nb0 == 1)):
+        return _load_cycles(config, MemType.INP, planes, 1, 1, (0, 0, 0, 0)), 1
+    return planes * _load_cycles(config, MemType.INP, rows, cols, g.w * g.row_step,
+                                 it.pads), planes
+
+
 @lru_cache(maxsize=1 << 16)
 def step_terms(g: ConvGeom, t: Tile, j0: int, j1: int, it: InTile) -> int:
     """Kernel terms ``(ob, j, ky, kx)`` of a step whose input block exists."""
@@ -128,10 +142,7 @@ class ConvCostModel:
         if hit is None:
             g, config = self.g, self.config
             it = input_tile(g, t, j0, j1)
-            planes = (it.nb1 - it.nb0) * (it.c1 - it.c0)
-            icyc = planes * _load_cycles(config, MemType.INP, it.rows - it.pads[0] - it.pads[1],
-                                         it.cols - it.pads[2] - it.pads[3], g.w * g.row_step,
-                                         it.pads)
+            icyc, planes = input_load_cycles(config, g, it)
             wcyc = _load_cycles(config, MemType.WGT, t.ob1 - t.ob0, (j1 - j0) * g.khkw,
                                 g.J * g.khkw, (0, 0, 0, 0))
             ops = step_terms(g, t, j0, j1, it) * (t.nb1 - t.nb0) * t.pixels
@@ -392,9 +403,7 @@ def quick_estimate(g: ConvGeom, p: ConvPlan, config: HwConfig, ep: EpiloguePlan
         compute = gemm + n_tiles * epi
     it = input_tile(g, Tile(0, p.nb_t, 0, p.ob_t, 0, min(p.oh_t, g.oh), 0, min(p.ow_t, g.ow)),
                     0, min(g.J, p.j_t))
-    l_in = (it.c1 - it.c0) * (it.nb1 - it.nb0) * _load_cycles(
-        config, MemType.INP, it.rows - it.pads[0] - it.pads[1], it.cols - it.pads[2] - it.pads[3],
-        g.w * g.row_step, it.pads)
+    l_in = input_load_cycles(config, g, it)[0]
     l_w = _load_cycles(config, MemType.WGT, min(p.ob_t, g.OB), min(g.J, p.j_t) * g.khkw,
                        g.J * g.khkw, (0, 0, 0, 0))
     TI, TW = buffer_slots(g, p, config)
@@ -474,7 +483,7 @@ def _legal_plans(g: ConvGeom, config: HwConfig, ep: EpiloguePlan, threads: int,
     plans: list[ConvPlan] = []
     ow_opts = candidate_sizes(g.ow)
     oh_opts = candidate_sizes(g.oh)
-    for nb_t in candidate_sizes(g.NB, 3):
+    for nb_t in _batch_tile_sizes(g.NB):
         for ob_t in candidate_sizes(g.OB):
             for j_t in candidate_sizes(g.J):
                 best_w = None
@@ -497,6 +506,15 @@ def _legal_plans(g: ConvGeom, config: HwConfig, ep: EpiloguePlan, threads: int,
                         if found >= 4:
                             break
     return plans
+
+
+def _batch_tile_sizes(total: int) -> list[int]:
+    """Image-block tile sizes to try: the three largest even splits, and halvings down to
+    one. Many images of one pixel (a dense layer over the rows of a sequence) need a
+    small tile that holds every input block of each image; the halvings reach it without
+    trying every split of thousands of rows."""
+    halvings = {ceil_div(total, 1 << k) for k in range(total.bit_length())}
+    return sorted(set(candidate_sizes(total, 3)) | halvings, reverse=True)
 
 
 def _plans_when_none_fit(g: ConvGeom, config: HwConfig, ep: EpiloguePlan, threads: int,

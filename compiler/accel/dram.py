@@ -21,7 +21,7 @@ from tessera.config import HwConfig
 from .emit import Emitter, Place
 from tessera.errors import CompileError
 from .layout import ActLayout
-from .ops import Op
+from .ops import Concat, Op
 
 ALIGN = 64
 
@@ -55,20 +55,23 @@ def plan_dram(ops: Sequence[Op], shapes: Mapping[str, tuple[int, int, int, int]]
 
     def nbytes(name: str) -> int:
         return tensor_bytes(shapes[name], config, layouts.get(name))
+    parts = concat_parts(ops, shapes, inputs, outputs, config)
+    root = {name: parts.get(name, (name, 0))[0] for name in shapes}
     places: dict[str, Place] = {}
     for name in inputs:
         places[name] = Place(em.add_segment(name, nbytes(name)))
     for name in outputs:
-        if name not in places:
+        if name not in places and name not in parts:
             places[name] = Place(em.add_segment(name, nbytes(name)))
-    # Lifetimes in operator indices: [producer, last consumer].
+    # Lifetimes in operator indices: [producer, last consumer]; a concat's buffer lives
+    # from its first part's producer.
     life: dict[str, list[int]] = {}
     for k, op in enumerate(ops):
-        if op.output not in places:
-            life[op.output] = [k, k]
+        if root[op.output] not in places:
+            life.setdefault(root[op.output], [k, k])
         for t in op.inputs:
-            if t in life:
-                life[t][1] = max(life[t][1], k)
+            if root[t] in life:
+                life[root[t]][1] = max(life[root[t]][1], k)
     free: list[tuple[int, int]] = []   # (offset, size) holes
     active: dict[str, tuple[int, int]] = {}
     top = 0
@@ -88,8 +91,8 @@ def plan_dram(ops: Sequence[Op], shapes: Mapping[str, tuple[int, int, int, int]]
             else:
                 merged.append((off, size))
         free = merged
-        name = op.output
-        if name not in life:
+        name = root[op.output]
+        if name not in life or name in offsets:
             continue
         need = _align(nbytes(name))
         total += need
@@ -106,10 +109,48 @@ def plan_dram(ops: Sequence[Op], shapes: Mapping[str, tuple[int, int, int, int]]
         arena = em.add_segment("arena", top)
         for name, off in offsets.items():
             places[name] = Place(arena, off)
+    for name, (whole, offset) in parts.items():
+        places[name] = Place(places[whole].segment, places[whole].offset + offset)
     missing = [n for n in shapes if n not in places]
     if missing:
         raise CompileError(f"tensors {missing} were never placed")
     return DramPlan(places, top, total, {k: tuple(v) for k, v in life.items()})
+
+
+def concat_parts(ops: Sequence[Op], shapes: Mapping[str, tuple[int, int, int, int]],
+                 inputs: Sequence[str], outputs: Sequence[str],
+                 config: HwConfig) -> dict[str, tuple[str, int]]:
+    """``{part: (concat output, byte offset)}`` for the parts of every :class:`~.ops.Concat`
+    in ``ops``: each lives inside the concat's buffer at its channel offset. Raises
+    :class:`CompileError` for a part the layout cannot place there (not produced by an
+    operator of the program, a program output of its own, read twice by concats, on a
+    channel offset inside a block, in several image blocks, or of another image size)."""
+    produced = {op.output for op in ops}
+    out: dict[str, tuple[str, int]] = {}
+    for op in ops:
+        if not isinstance(op, Concat):
+            continue
+        channels = 0
+        for part in op.parts:
+            n, c, h, w = shapes[part]
+            whole = shapes[op.output]
+            bad = (part not in produced or part in inputs or part in outputs or part in out
+                   or channels % config.block_out or n > config.batch
+                   or (n, h, w) != (whole[0], whole[2], whole[3]))
+            if bad:
+                raise CompileError(f"concat {op.name!r}: its input {part!r} cannot be stored "
+                                   "in place (it must be written by an operator of the "
+                                   "program, once, at a channel offset that is a multiple of "
+                                   f"{config.block_out}, with one image block)", op=op.name)
+            out[part] = (op.output, channels // config.block_out * h * w * config.batch
+                         * config.block_out * config.out_width // 8)
+            channels += c
+    for part, (whole, offset) in list(out.items()):
+        while whole in out:                     # a concat of concats: the outermost buffer
+            whole, outer = out[whole]
+            offset += outer
+        out[part] = (whole, offset)
+    return out
 
 
 def verify_dram_plan(plan: DramPlan, shapes: Mapping[str, tuple[int, int, int, int]],

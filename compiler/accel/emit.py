@@ -209,4 +209,8 @@ class TensorInfo:
     name: str
     layout: ActLayout
     place: Place
+    #: Set when an operator writes one phase of the tensor (a transposed convolution's
+    #: sub-pixel decomposition): ``(sy, sx, ay, ax)`` puts pixel ``(y, x)`` of the
+    #: operator's output at ``(sy*y + ay, sx*x + ax)`` of ``layout``.
+    view: tuple[int, int, int, int] | None = None
 

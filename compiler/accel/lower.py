@@ -8,6 +8,8 @@ on the stored int8 values:
   (LOAD's ``pad_value``), so every output, borders included, equals
   ``sum((x - x_zp) * w) + bias``; then onnxruntime's requantization
   (:func:`~.ops.requantize`) clamped to ``[y_min, y_max]``. Bit-exact.
+* ``QConvTranspose`` -> :class:`~.ops.ConvTranspose2d` (the raw bias and ``x_zp`` as its
+  pad value: the zero point is folded per sub-pixel phase, :mod:`.convtranspose`).
 * ``QGemm`` -> :class:`~.ops.Dense` the same way (no padding). A QGemm reading a
   ``Flatten`` of an image is first rewritten into a QConv whose kernel covers the image
   (:func:`convert_flattened_gemms`), which the accelerator runs without a host round
@@ -25,6 +27,9 @@ on the stored int8 values:
   (:class:`~.ops.Mul` and a scaled :class:`~.ops.Residual`); otherwise it is an
   :class:`~.ops.Eltwise`. A QAdd shifted from uint8 (``from_uint8``,
   :mod:`..frontend.qshift`) is searched against onnxruntime's uint8 result alike.
+* ``Concat`` (of int8 images along channels, :mod:`..frontend.qdq_concat`) ->
+  :class:`~.ops.Concat`: no instructions, its inputs' producers store into its buffer
+  side by side (:func:`~.dram.concat_parts`).
 * ``QAveragePool`` stays on the CPU: onnxruntime averages the dequantized float32
   values, each rounded, summed in window order, divided and offset by the zero point in
   float32, so at the frequent ties (with equal input and output scales, every fourth sum
@@ -50,8 +55,9 @@ from tessera.isa import get_isa
 from tessera.isa.requant import requant_scale
 
 from ..frontend.graph import Graph, Node
-from .ops import (INT32_MAX, INT32_MIN, AddConst, Clip, Conv2d, Dense, Eltwise, Mul, Op, Pool2d,
-                  Residual, Shift, Stage, requantize)
+from .convtranspose import conv_transpose_phases
+from .ops import (INT32_MAX, INT32_MIN, AddConst, Clip, Concat, Conv2d, ConvTranspose2d, Dense,
+                  Eltwise, Mul, Op, Pool2d, Residual, Shift, Stage, requantize)
 from ..frontend.qdq import DOMAIN
 from ..frontend.qlinear import qlinear_add_coefficients
 from ..frontend.qshift import SHIFT, qadd_reference
@@ -110,11 +116,15 @@ def convert_flattened_gemms(graph: Graph) -> int:
 # ------------------------------------------------------------------------ support check
 def accel_unsupported_reason(graph: Graph, node: Node, config: HwConfig) -> str | None:
     """Why ``node`` cannot run on the accelerator of ``config`` (``None``: it can)."""
+    if node.op == "Concat" and not node.domain:
+        return _concat_reason(graph, node, config)
     if node.domain != DOMAIN:
         return (f"{node.op} is not an integer op of the accelerator (only quantized conv, "
                 "dense, add, max and global average pooling are)")
     if node.op == "QAveragePool":
         return AVERAGE_POOL_REASON
+    if node.op not in _LOWERINGS:
+        return f"{node.op} has no accelerator lowering; it runs on the CPU"
     dtypes = {graph.value(t).dtype for t in [*node.inputs[:1], *node.outputs]}
     if node.op == "QAdd":
         dtypes |= {graph.value(node.inputs[1]).dtype}
@@ -132,6 +142,8 @@ def accel_unsupported_reason(graph: Graph, node: Node, config: HwConfig) -> str 
         pad_max = get_isa(config).layouts[0].field("y_pad_0").hi
         if max(node.attrs["pads"]) > pad_max:
             return f"padding {max(node.attrs['pads'])} exceeds the load DMA's {pad_max}"
+    elif node.op == "QConvTranspose":
+        return _conv_transpose_reason(graph, node, config) or _batch_reason(shape, config)
     elif node.op == "QGemm":
         if len(shape) != 2:
             return f"a dense layer needs a 2-D input, not {list(shape)}"
@@ -143,13 +155,53 @@ def accel_unsupported_reason(graph: Graph, node: Node, config: HwConfig) -> str 
     elif node.op == "QAdd":
         if graph.value(node.inputs[1]).shape != shape:
             return "QAdd operands differ in shape"
+        if graph.value(node.inputs[1]).is_const:
+            return "an add of a constant runs on the CPU"
         try:
             _qadd_parts(node)
         except CompileError as exc:
             return str(exc)
+    return _batch_reason(shape, config)
+
+
+def _batch_reason(shape: tuple[int, ...], config: HwConfig) -> str | None:
     if len(shape) == 4 and shape[0] % config.batch and shape[0] > config.batch:
         return f"batch {shape[0]} is not a multiple of the config's {config.batch}"
     return None
+
+
+def _concat_reason(graph: Graph, node: Node, config: HwConfig) -> str | None:
+    """Why Concat ``node`` cannot be stored in place by its inputs' producers (None: it
+    can, as far as the node itself shows; the placement checks the producers)."""
+    values = [graph.value(t) for t in [*node.inputs, *node.outputs] if t]
+    if (any(v.dtype != "int8" or len(v.shape) != 4 or v.is_const for v in values)
+            or config.out_width != 8):
+        return "the accelerator concatenates int8 images (N, C, H, W) its operators write"
+    if node.attr("axis", 1) % 4 != 1 or values[0].shape[0] > config.batch:
+        return (f"only a concat along channels of one image block (batch {config.batch}) is "
+                "stored in place")
+    if len(set(node.inputs)) != len(node.inputs) or any(
+            v.shape[1] % config.block_out for v in values[:len(node.inputs) - 1]):
+        return (f"each input but the last must fill whole blocks of {config.block_out} "
+                "channels (and appear once) to be stored side by side")
+    return None
+
+
+def _lower_concat(graph: Graph, node: Node) -> Concat:
+    return Concat(node.name, tuple(node.inputs), node.outputs[0],
+                  tuple(graph.value(t).shape[1] for t in node.inputs))
+
+
+def _conv_transpose_reason(graph: Graph, node: Node, config: HwConfig) -> str | None:
+    """Why the sub-pixel phases of QConvTranspose ``node`` cannot run (None: they can)."""
+    try:
+        phases = conv_transpose_phases(_lower_qconv_transpose(graph, node),
+                                       graph.value(node.inputs[0]).shape)
+    except CompileError as exc:
+        return str(exc)
+    pad_max = get_isa(config).layouts[0].field("y_pad_0").hi
+    pad = max(max(p.conv.padding) for p in phases)
+    return f"a phase's padding {pad} exceeds the load DMA's {pad_max}" if pad > pad_max else None
 
 
 # ------------------------------------------------------------------------ lowering
@@ -192,6 +244,19 @@ def _lower_qconv(graph: Graph, node: Node) -> Conv2d:
                   pad_value=int(a["x_zero_point"]),
                   epilogue=_output_stages(node, _weight_scale(node),
                                           _folded_bias(graph, node, w)))
+
+
+def _lower_qconv_transpose(graph: Graph, node: Node) -> ConvTranspose2d:
+    a = node.attrs
+    w = graph.value(node.inputs[1]).data
+    bias = (graph.value(node.inputs[2]).data.astype(np.int64) if len(node.inputs) > 2
+            and node.inputs[2] else None)
+    # The input zero point is folded per sub-pixel phase (:mod:`.convtranspose`).
+    return ConvTranspose2d(node.name, node.inputs[0], node.outputs[0], w,
+                           stride=tuple(a["strides"]), padding=tuple(a["pads"]),
+                           groups=int(a["group"]), output_padding=tuple(a["output_padding"]),
+                           pad_value=int(a["x_zero_point"]),
+                           epilogue=_output_stages(node, _weight_scale(node), bias))
 
 
 def _lower_qgemm(graph: Graph, node: Node) -> Dense:
@@ -337,10 +402,13 @@ def fuse_add_into_conv(conv: Conv2d | Dense, add: Node) -> Conv2d | Dense:
     fused = (*conv.epilogue, Mul(big_a), *stages)
     if isinstance(conv, Dense):
         return Dense(conv.name, conv.input, node.outputs[0], conv.weight, epilogue=fused)
+    if isinstance(conv, ConvTranspose2d):
+        return replace(conv, output=node.outputs[0], epilogue=fused)
     return Conv2d(conv.name, conv.input, node.outputs[0], conv.weight, stride=conv.stride,
                   padding=conv.padding, dilation=conv.dilation, groups=conv.groups,
                   epilogue=fused, pad_value=conv.pad_value)
 
 
 _LOWERINGS = {"QConv": _lower_qconv, "QGemm": _lower_qgemm, "QMaxPool": _lower_qmaxpool,
-              "QGlobalAveragePool": _lower_qgap, "QAdd": _lower_qadd}
+              "QGlobalAveragePool": _lower_qgap, "QAdd": _lower_qadd,
+              "QConvTranspose": _lower_qconv_transpose, "Concat": _lower_concat}

@@ -9,7 +9,8 @@ Integer semantics, which the accelerator reproduces bit-exactly:
 
 * :class:`Conv2d` / :class:`Dense`: ``acc = sum(x * w)`` in int32 (wrapping),
   then the epilogue stages in order, then the store saturates to the output
-  width.
+  width. :class:`ConvTranspose2d`: ``acc = conv_transpose(x - pad_value, w)``, then
+  the same.
 * :class:`Pool2d`: ``max`` over the valid (unpadded) window positions, or the
   sum of the valid positions followed by a rescale (see :class:`Pool2d`).
 * :class:`Eltwise`: ``op(a, b)`` on the values widened to int32 (``b`` may
@@ -227,6 +228,52 @@ class Conv2d:
 
 
 @dataclass(eq=False)
+class ConvTranspose2d(Conv2d):
+    """2-D transposed convolution ``output = epilogue(conv_transpose(input - zero_point, w))``.
+
+    ``weight`` is ONNX's ``(C, O/groups, kh, kw)``; ``padding`` crops ``(top, left,
+    bottom, right)`` off the full output and ``output_padding`` adds rows and columns at
+    its end, as in ONNX (``pad_value`` is the input's zero point, subtracted from every
+    input value). The accelerator runs it by sub-pixel decomposition
+    (:mod:`.convtranspose`): one :class:`Conv2d` per output phase ``(a, b)`` computes the
+    pixels ``(stride*i + a, stride*j + b)``, storing them straight to those places.
+    """
+
+    output_padding: tuple[int, int] = (0, 0)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.output_padding = _pair(self.output_padding, "output_padding", self.name)
+        if self.dilation != (1, 1) or any(p >= s for p, s in zip(self.output_padding,
+                                                                self.stride)):
+            raise CompileError(f"conv_transpose2d {self.name!r}: dilation {self.dilation} "
+                               f"must be 1 and output_padding {self.output_padding} below the "
+                               f"stride {self.stride}", op=self.name)
+
+    @property
+    def in_channels(self) -> int:
+        return self.weight.shape[0]
+
+    @property
+    def out_channels(self) -> int:
+        return self.weight.shape[1] * self.groups
+
+    def output_shape(self, in_shape: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
+        n, c, h, w = in_shape
+        if c != self.in_channels:
+            raise CompileError(f"conv_transpose2d {self.name!r}: input {self.input!r} has {c} "
+                               f"channels but the weight expects {self.in_channels}",
+                               op=self.name)
+        kh, kw = self.weight.shape[2:]
+        (sy, sx), (t, l, b, r), (py, px) = self.stride, self.padding, self.output_padding
+        oh, ow = (h - 1) * sy + kh + py - t - b, (w - 1) * sx + kw + px - l - r
+        if oh < 1 or ow < 1:
+            raise CompileError(f"conv_transpose2d {self.name!r}: padding {self.padding} "
+                               f"leaves no output of the {h}x{w} input", op=self.name)
+        return (n, self.out_channels, oh, ow)
+
+
+@dataclass(eq=False)
 class Dense:
     """Fully connected layer / matmul: ``output[N, O] = epilogue(input[N, K] @ weight[O, K].T)``."""
 
@@ -352,9 +399,36 @@ class Eltwise:
         return in_shape
 
 
+@dataclass(eq=False)
+class Concat:
+    """``output = concat(parts, axis=1)``: channel blocks side by side, no instructions.
+
+    Each part is the output of an earlier operator of the program that stores it straight
+    into its place in the concat's buffer (:mod:`.dram`), so every part but the last
+    must fill whole channel blocks, and the tensors hold one image block. ``channels``
+    gives each part's channel count.
+    """
+
+    name: str
+    parts: tuple[str, ...]
+    output: str
+    channels: tuple[int, ...]
+
+    #: What the per-layer summary calls it.
+    op = "concat"
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return tuple(self.parts)
+
+    def output_shape(self, in_shape: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
+        n, _, h, w = in_shape
+        return (n, sum(self.channels), h, w)
+
+
 def clip(name: str, a: str, output: str, lo: int | None, hi: int | None) -> Eltwise:
     """Elementwise clip of tensor ``a`` to ``[lo, hi]``."""
     return Eltwise(name, "clip", a, output, None, (Clip(lo, hi),))
 
 
-Op = Union[Conv2d, Dense, Pool2d, Eltwise]
+Op = Union[Conv2d, ConvTranspose2d, Dense, Pool2d, Eltwise, Concat]

@@ -130,7 +130,8 @@ def pack_small_channel_convs(ops: list[Op], input_shapes: dict[str, tuple[int, .
     shapes = dict(input_shapes)
     transforms: dict[str, PackedInput] = {}
     for op in ops:
-        if isinstance(op, Conv2d) and op.input in input_shapes:
+        # (A transposed convolution's phases read the input as it is.)
+        if type(op) is Conv2d and op.input in input_shapes:
             in_shape = tuple(input_shapes[op.input])
             if len(in_shape) == 4 and in_shape[1] < config.block_in:
                 p = choose_packing(op, in_shape, config)  # type: ignore[arg-type]

@@ -23,7 +23,7 @@ import numpy as np
 
 from tessera.config import HwConfig
 
-from .ops import Conv2d, Dense, Eltwise, Op, Pool2d
+from .ops import Concat, Conv2d, ConvTranspose2d, Dense, Eltwise, Op, Pool2d
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,18 @@ def conv_roofline(op: Conv2d | Dense, in_shape: tuple[int, int, int, int],
                     max(load_port, store_port, total))
 
 
+def conv_transpose_roofline(op: ConvTranspose2d, in_shape: tuple[int, int, int, int],
+                            config: HwConfig) -> Roofline:
+    """The roofline of a transposed convolution as it runs: the sum of its sub-pixel
+    phases' (:mod:`.convtranspose`), each reading the input and writing its share of the
+    output."""
+    from .convtranspose import conv_transpose_phases
+    parts = [conv_roofline(p.conv, in_shape, config)
+             for p in conv_transpose_phases(op, in_shape)]
+    return Roofline(sum(r.macs for r in parts), sum(r.compute_cycles for r in parts),
+                    sum(r.dram_bytes for r in parts), sum(r.dram_cycles for r in parts))
+
+
 def alu_roofline(op: Pool2d | Eltwise, shapes: Mapping[str, tuple[int, int, int, int]],
                  config: HwConfig) -> Roofline:
     """The roofline of a pooling or elementwise operator (no MACs: DRAM bounds it);
@@ -103,6 +115,10 @@ def op_roofline(op: Op, shape_of: Callable[[str], Sequence[int]],
     shape of each of its inputs (NCHW, or fewer dimensions padded with 1s)."""
     shapes = {t: tuple(int(v) for v in shape_of(t)) for t in op.inputs}
     shapes = {t: s + (1,) * (4 - len(s)) for t, s in shapes.items()}
+    if isinstance(op, Concat):
+        return Roofline(0, 0.0, 0, 0.0)         # no data moves (stored in place)
+    if isinstance(op, ConvTranspose2d):
+        return conv_transpose_roofline(op, shapes[op.inputs[0]], config)
     if isinstance(op, (Conv2d, Dense)):
         return conv_roofline(op, shapes[op.inputs[0]], config)  # type: ignore[arg-type]
     return alu_roofline(op, shapes, config)  # type: ignore[arg-type]

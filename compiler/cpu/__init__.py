@@ -6,15 +6,18 @@ Every builder returns a :class:`CpuKernel`; see :mod:`.kernel` for the calling
 convention and :mod:`.irutil` for the IR helpers kernels are written with.
 """
 from .conv import build_conv_int8, build_matmul_int8
+from .conv_float import build_conv_float, build_conv_transpose_float
 from .elementwise import E, fused_elementwise, maximum, minimum
 from .gather import build_gather, build_gather_elements
 from .kernel import DTYPES, CpuKernel, TensorSpec
 from .layout_ops import build_concat, build_pad, build_split, build_transpose
 from .lrn import build_lrn
+from .matmul import build_einsum, build_gemm, build_matmul, build_matmul_integer
 from .norm import layer_norm
 from .pool import (build_average_pool, build_global_average_pool, build_global_max_pool,
                    build_max_pool)
-from .reduce import REDUCE_OPS, reduce_max, reduce_mean, reduce_min, reduce_sum, reduction
+from .reduce import (REDUCE_OPS, arg_extreme, reduce_max, reduce_mean, reduce_min, reduce_sum,
+                     reduction)
 from .resize import build_resize
 from .softmax import log_softmax, softmax
 from .strided import (build_depth_to_space, build_expand, build_slice, build_space_to_depth,
@@ -25,6 +28,7 @@ __all__ = [
     # math kernels
     "E", "fused_elementwise", "maximum", "minimum",
     "REDUCE_OPS", "reduction", "reduce_sum", "reduce_mean", "reduce_max", "reduce_min",
+    "arg_extreme",
     "softmax", "log_softmax", "layer_norm", "build_lrn",
     # data-movement, pooling, resize, int8 conv / matmul kernels
     "build_concat", "build_pad", "build_split", "build_transpose", "build_slice",
@@ -32,4 +36,7 @@ __all__ = [
     "build_gather", "build_gather_elements",
     "build_max_pool", "build_average_pool", "build_global_max_pool",
     "build_global_average_pool", "build_resize", "build_conv_int8", "build_matmul_int8",
+    # float linear kernels
+    "build_matmul", "build_matmul_integer", "build_gemm", "build_einsum", "build_conv_float",
+    "build_conv_transpose_float",
 ]

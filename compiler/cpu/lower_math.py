@@ -11,10 +11,10 @@ Transcendentals (Exp, Log, Erf, Tanh, Pow, ...) are the vectorised polynomials o
 :mod:`.irutil` and :mod:`.fmath`, within a few ulp of the correctly rounded result, as
 onnxruntime's are: the two agree to a few ulp, not bit for bit.
 
-Integer forms are those onnxruntime has (int8, uint8 and int32 for Add, Sub, Mul, Div,
-Max, Min, Clip, Relu, Abs, Sign, the comparisons and Where; int8 and int32 for Neg;
-int32 for PRelu); integer arithmetic wraps and integer Div truncates toward zero, as
-onnxruntime's kernels do. Where and Equal also take bool.
+Integer forms: int8, uint8, int16, int32 and int64 for Add, Sub, Mul, Div, Max, Min, Clip,
+Relu, Abs, Sign, the comparisons and Where; int8, int32 and int64 for Neg; int32 for
+PRelu. Integer arithmetic wraps and integer Div truncates toward zero, as onnxruntime's
+kernels do. Where and Equal also take bool.
 """
 from __future__ import annotations
 
@@ -29,9 +29,9 @@ from .lower_plan import LowerFn, NodeLowering, Operands, Plan, single_step
 
 __all__ = ["MATH_LOWERINGS"]
 
-NUMERIC = ("float32", "int8", "uint8", "int32")
-SIGNED = ("float32", "int8", "int32")
-INTEGER = ("int8", "uint8", "int32")
+NUMERIC = ("float32", "int8", "uint8", "int16", "int32", "int64")
+SIGNED = ("float32", "int8", "int32", "int64")
+INTEGER = ("int8", "uint8", "int16", "int32", "int64")
 FLOAT = ("float32",)
 
 Attr = Callable[[str, Any], Any]
@@ -317,8 +317,8 @@ MATH_LOWERINGS: dict[str, LowerFn] = {
     "Pow": _pow,
     "Sum": _binary(lambda x, y: x + y, FLOAT),
     "Mean": _mean,
-    "Max": _binary(maximum),
-    "Min": _binary(minimum),
+    "Max": _binary(maximum, NUMERIC),
+    "Min": _binary(minimum, NUMERIC),
     "Neg": _unary(lambda x: -x, SIGNED),
     "Abs": _unary(abs),
     "Sign": _unary(E.sign),

@@ -116,9 +116,13 @@ def _strip_ones(shape: Sequence[int]) -> tuple[int, ...]:
     return shape
 
 
-_REDUCE = {"ReduceSum": "sum", "ReduceMean": "mean", "ReduceMax": "max", "ReduceMin": "min"}
-_REDUCE_DTYPES = {"sum": ("float32", "int32"), "mean": FLOAT_ONLY, "max": KERNEL_DTYPES,
-                  "min": KERNEL_DTYPES}
+_REDUCE = {"ReduceSum": "sum", "ReduceMean": "mean", "ReduceMax": "max", "ReduceMin": "min",
+           "ReduceProd": "prod", "ReduceL1": "l1", "ReduceL2": "l2",
+           "ReduceSumSquare": "sum_square"}
+_REDUCE_DTYPES = {"sum": ("float32", "int32", "int64"), "mean": FLOAT_ONLY,
+                  "max": KERNEL_DTYPES, "min": KERNEL_DTYPES,
+                  "prod": ("float32", "int32", "int64"), "l1": FLOAT_ONLY,
+                  "l2": FLOAT_ONLY, "sum_square": FLOAT_ONLY}
 
 
 def _reduce(low: NodeLowering) -> list[Plan]:

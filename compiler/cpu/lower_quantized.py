@@ -21,6 +21,7 @@ from ..frontend.qdq import pool_output_size
 from ..frontend.qlinear import qlinear_add_coefficients
 from ..frontend.qshift import model_domain, qadd_reference
 from .lower_onnx import pool_window
+from .qsoftmax import lower_qsoftmax
 from .lower_plan import (QUANT_DTYPES, LowerFn, NodeLowering, Operands, Plan, first_input,
                          single_step)
 
@@ -258,13 +259,16 @@ def _qadd(low: NodeLowering) -> list[Plan]:
     lo, hi = max(info.min, int(p["y_min"])), min(info.max, int(p["y_max"]))
     low.require(lo <= hi, f"y_min {p['y_min']} / y_max {p['y_max']} are empty for "
                 f"{a_spec.dtype}")
-    patches = _qadd_patches(low.node, a_spec.dtype, b_spec.dtype, (ra, rb, fixed), (lo, hi))
+    b_const = low.graph.const(low.node.input(1))
+    patches = _qadd_patches(low.node, a_spec.dtype, b_spec.dtype, (ra, rb, fixed), (lo, hi),
+                            None if b_const is None else np.unique(b_const))
     low.require(len(patches) <= _QADD_MAX_PATCHES,
                 f"its scales need {len(patches)} corrections of the float32 formula "
                 f"(at most {_QADD_MAX_PATCHES}); requantize with other scales")
     ops = Operands()
     a = ops.add(low.node.input(0), a_spec)
-    b = ops.add(low.node.input(1), b_spec)
+    # b is a constant for an add of a constant (.frontend.qdq_binary.fuse_add_constant).
+    b = ops.add(low.node.input(1), b_spec, b_const)
     a_model, b_model = (v.cast("int32") + offset if offset else v for v in (a, b))
     t = a_model.cast("float32") * float(ra) + (b_model.cast("float32") * float(rb)
                                                + float(fixed))
@@ -285,13 +289,17 @@ def _qadd_coefficients(p: dict[str, Any]) -> tuple[np.float32, np.float32, np.fl
 
 def _qadd_patches(node: Node, a_dtype: str, b_dtype: str,
                   coefficients: tuple[np.float32, np.float32, np.float32],
-                  bounds: tuple[int, int]) -> list[tuple[int, int, int]]:
+                  bounds: tuple[int, int], b_values: np.ndarray | None = None
+                  ) -> list[tuple[int, int, int]]:
     """``(a0, b0, delta)`` for every pair of stored input values where the kernel's
     formula (mirrored here in numpy float32, which rounds as the kernel does; ``bounds``
-    in the model's domain) differs from qref."""
+    in the model's domain) differs from qref. ``b_values``: the values a constant ``b``
+    holds (only those pairs can occur), else every value of its type."""
     ia, ib = np.iinfo(a_dtype), np.iinfo(b_dtype)
+    if b_values is None:
+        b_values = np.arange(ib.min, ib.max + 1)
     a, b = np.meshgrid(np.arange(ia.min, ia.max + 1).astype(a_dtype),
-                       np.arange(ib.min, ib.max + 1).astype(b_dtype), indexing="ij")
+                       np.asarray(b_values).astype(b_dtype), indexing="ij")
     offset, _ = model_domain(node.attrs)
     ra, rb, fixed = coefficients
     f32 = np.float32
@@ -357,4 +365,5 @@ QUANTIZED_LOWERINGS: dict[str, LowerFn] = {
     "QMaxPool": _qmax_pool,
     "QGlobalAveragePool": _qglobal_average_pool,
     "QAveragePool": _qaverage_pool,
+    "QSoftmax": lower_qsoftmax,
 }

@@ -217,6 +217,8 @@ class Graph:
                              if self.producer(t) is not None else "is never defined")
                     raise CompileError(f"{node} reads tensor {t!r}, which {where}")
             for t in node.outputs:
+                if not t:  # an optional output left out (ONNX allows ['', 'Y_h'])
+                    continue
                 self._check_value(t, f"output of {node}")
                 if t in defined:
                     raise CompileError(f"tensor {t!r} is defined twice (again as an output "

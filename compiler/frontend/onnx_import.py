@@ -15,6 +15,7 @@ check that import and every later pass keep the model's meaning.
 """
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -29,11 +30,13 @@ from onnx import AttributeProto, helper, numpy_helper
 from tessera.errors import CLI, PYTHON, CompileError, input_shape_fix
 
 from .graph import DTYPES, Graph, Node, Value
-from .qoperator import expand_qoperators
+from .qoperator import KEPT_CONTRIB_OPS, expand_qoperators
 from .shapes import (FOLD_LIMIT_BYTES, SHAPE_ONLY, constant_data, evaluate_proto,
                      fold_shape_subgraphs, foldable_op, refuse_control_flow)
 from .upgrade import (DEFAULT_DOMAINS, IR_OPSET, MIN_OPSET, attach_weights, check_opset,
                       convert_opset, detach_weights, expand_newer_ops, repair_ir)
+
+log = logging.getLogger("tessera.compiler")
 
 __all__ = ["FOLD_LIMIT_BYTES", "IR_OPSET", "MIN_OPSET", "evaluate_proto", "fold_constants",
            "import_onnx", "node_proto", "to_onnx"]
@@ -139,7 +142,8 @@ def _check_nodes(graph: onnx.GraphProto) -> None:
     producer = {out: node for node in graph.node for out in node.output}
     for node in graph.node:
         where = f"{node.op_type} node {node.name!r}"
-        if node.domain not in DEFAULT_DOMAINS:
+        if (node.domain not in DEFAULT_DOMAINS
+                and (node.domain, node.op_type) not in KEPT_CONTRIB_OPS):
             raise CompileError(
                 f"{where} is in operator domain {node.domain!r}; the compiler takes only "
                 f"standard ONNX ops (for onnxruntime's quantizer: use QuantFormat.QDQ without "
@@ -244,19 +248,66 @@ def _input_shape_advice(name: str, example: Sequence[int | str]) -> dict[str, st
 
 def _infer_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:
     weights = detach_weights(proto.graph)
+    _drop_dynamic_output_shapes(proto.graph)
     try:
-        inferred = onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True,
-                                                     data_prop=True)
+        while True:
+            try:
+                inferred = onnx.shape_inference.infer_shapes(
+                    proto, check_type=True, strict_mode=True, data_prop=True)
+                break
+            except onnx.shape_inference.InferenceError as exc:
+                failure = _inference_failure(exc)
+                if failure is None or not _drop_stale_output_shapes(proto.graph, failure[1]):
+                    raise
     except onnx.shape_inference.InferenceError as exc:
-        message = str(exc).strip()
-        match = re.search(r"\(op_type:(\S+), node name: ([^)]*)\): (.*)", message)
-        if match is None:
-            raise CompileError(f"ONNX shape inference failed: {message}") from exc
-        op, name, reason = match.groups()
-        raise CompileError(f"{op} node {name!r}: shape inference failed: {reason.strip()}; "
+        failure = _inference_failure(exc)
+        if failure is None:
+            raise CompileError(f"ONNX shape inference failed: {str(exc).strip()}") from exc
+        op, name, reason = failure
+        raise CompileError(f"{op} node {name!r}: shape inference failed: {reason}; "
                            f"check its attributes against its inputs' shapes", op=name) from exc
     attach_weights(inferred.graph, weights)
     return inferred
+
+
+def _inference_failure(exc: Exception) -> tuple[str, str, str] | None:
+    """(op, node name, reason) of a shape-inference error, or None if it names no node."""
+    match = re.search(r"\(op_type:(\S+), node name: ([^)]*)\): (.*)", str(exc).strip())
+    return None if match is None else (match[1], match[2], match[3].strip())
+
+
+def _drop_dynamic_output_shapes(graph: onnx.GraphProto) -> None:
+    """Forget the declared shapes of graph outputs that have a dynamic dim: once the
+    inputs' shapes are fixed, inference computes them, and a stale declaration (ddddocr's
+    ``[1, seqlen]`` for a ``[seqlen, 1, classes]`` output) would otherwise stand for the
+    computed shape where inference cannot merge the two, leaving the output unshaped."""
+    for value in graph.output:
+        ttype = value.type.tensor_type
+        if ttype.HasField("shape") and any(not d.HasField("dim_value")
+                                           for d in ttype.shape.dim):
+            ttype.ClearField("shape")
+
+
+def _drop_stale_output_shapes(graph: onnx.GraphProto, node_name: str) -> bool:
+    """Forget the declared shapes of the graph outputs that node ``node_name`` writes;
+    whether there were any.
+
+    Why: exporters and hand edits leave graph outputs declared with static shapes the
+    graph does not compute; onnxruntime only warns and returns what the node computes,
+    so the inferred shape is the one to keep."""
+    writes = {o for n in graph.node if n.name == node_name for o in n.output}
+    dropped = []
+    for value in graph.output:
+        ttype = value.type.tensor_type
+        if value.name in writes and ttype.HasField("shape"):
+            declared = [d.dim_value or d.dim_param or "?" for d in ttype.shape.dim]
+            ttype.ClearField("shape")
+            dropped.append(f"{value.name!r} {declared}")
+    if dropped:
+        log.warning("graph output %s: the declared shape contradicts the one node %r "
+                    "computes; the computed shape is used, as onnxruntime does",
+                    ", ".join(dropped), node_name)
+    return bool(dropped)
 
 
 # -------------------------------------------------------------------- graph building
@@ -442,7 +493,9 @@ def to_onnx(graph: Graph, opset: int = IR_OPSET) -> onnx.ModelProto:
     domains = sorted({n.domain for n in graph.nodes if n.domain})
     opsets = [helper.make_opsetid("", IR_OPSET)] + [helper.make_opsetid(d, 1) for d in domains]
     model = helper.make_model(proto, opset_imports=opsets, producer_name="tessera")
-    model.ir_version = helper.find_min_ir_version_for(opsets)
+    # ignore_unknown: onnx has no IR table for onnxruntime's com.microsoft domain (a
+    # DynamicQuantizeLSTM kept as it is).
+    model.ir_version = helper.find_min_ir_version_for(opsets, ignore_unknown=True)
     if opset != IR_OPSET:
         try:
             model = onnx.version_converter.convert_version(model, opset)

@@ -1,5 +1,5 @@
 """Graph passes over the IR (:mod:`.graph`): :func:`fold_batch_norm`, :func:`remove_identity`,
-:func:`fold_constant_dequantize`.
+:func:`fold_constant_dequantize`, :func:`chain_sums`, :func:`lift_global_pools`.
 
 Each pass rewrites a :class:`~.graph.Graph` in place, returns how many rewrites it made
 and leaves :meth:`~.graph.Graph.verify` true. Tensor names that are graph outputs keep
@@ -13,7 +13,8 @@ import numpy as np
 from .graph import Graph, Node
 from .onnx_import import fold_constants
 
-__all__ = ["fold_batch_norm", "fold_constant_dequantize", "remove_identity"]
+__all__ = ["chain_sums", "fold_batch_norm", "fold_constant_dequantize", "lift_global_pools",
+           "remove_identity"]
 
 
 # ------------------------------------------------------------------ batch norm folding
@@ -166,6 +167,79 @@ def _forget_unused(graph: Graph, names: list[str]) -> None:
     for name in set(names) - boundary - {""}:
         if name in graph.values and not graph.consumers(name) and graph.producer(name) is None:
             del graph.values[name]
+
+
+# ------------------------------------------------------------------- Sum as Adds
+def chain_sums(graph: Graph) -> int:
+    """Rewrite each ``Sum`` of two or more inputs as a chain of ``Add`` nodes,
+    ``Sum(a, b, c) = Add(Add(a, b), c)`` (same broadcasting, same left-to-right order).
+
+    Why: onnxruntime's quantizer quantizes ``Add`` (a QLinearAdd, which the accelerator
+    runs as QAdd) but leaves a ``Sum`` in float between DequantizeLinear and
+    QuantizeLinear, so a float model's residual ``Sum`` (ResNet-50, ShuffleNet as onnx
+    ships them) would run on the CPU. Run it before quantization; a quantized model keeps
+    its ``Sum``, since onnxruntime's reference computes it in float. The last ``Add``
+    takes the ``Sum``'s name and output. Returns the number of Sums rewritten.
+    """
+    sums = [n for n in graph.nodes if n.op == "Sum" and not n.domain and len(n.inputs) >= 2]
+    for node in sums:
+        index = graph.nodes.index(node)
+        graph.remove_nodes([node])
+        out = graph.values[node.outputs[0]]
+        left = node.inputs[0]
+        for k, right in enumerate(node.inputs[1:], start=1):
+            last = k == len(node.inputs) - 1
+            if last:
+                target, name = out.name, node.name
+            else:
+                target = graph.unique_name(f"{node.outputs[0]}/partial{k}")
+                name = graph.unique_name(f"{node.name}/Add{k}")
+                shape = np.broadcast_shapes(graph.values[left].shape,
+                                            graph.values[right].shape)
+                graph.add_value(target, shape, out.dtype)
+            graph.add_node("Add", [left, right], [target], name=name, index=index + k - 1)
+            left = target
+    return len(sums)
+
+
+# ------------------------------------------------------------ global pools as 2-D
+def lift_global_pools(graph: Graph) -> int:
+    """View the input of each GlobalMaxPool/GlobalAveragePool of rank 3 or 5+ as
+    ``N x C x S x 1`` (``S`` the product of its spatial dims), pool that, and view the
+    ``N x C x 1 x 1`` result back as the node's output shape (all 1s past ``C``).
+
+    Why: the pools' kernels (CPU and accelerator) take NCHW images, and a global pool
+    only reads each channel's values as one run, whatever the spatial rank (magika pools
+    ``N x C x L`` sequences). The views are free (placed as ``view``). Returns the
+    number of pools lifted.
+    """
+    pools = [n for n in graph.nodes if n.op in ("GlobalMaxPool", "GlobalAveragePool")
+             and not n.domain and len(graph.value(n.inputs[0]).shape) not in (0, 1, 2, 4)]
+    for node in pools:
+        source, out = graph.value(node.inputs[0]), graph.value(node.outputs[0])
+        n, c, *spatial = source.shape
+        image = _add_view(graph, node, source.name, (n, c, int(np.prod(spatial)), 1),
+                          before=True)
+        pooled = graph.unique_name(f"{node.outputs[0]}/2d")
+        graph.add_value(pooled, (n, c, 1, 1), out.dtype)
+        node.inputs[0], node.outputs[0] = image, pooled
+        _add_view(graph, node, pooled, out.shape, before=False, target=out.name)
+    return len(pools)
+
+
+def _add_view(graph: Graph, node: Node, source: str, shape: tuple[int, ...], *,
+              before: bool, target: str | None = None) -> str:
+    """A Reshape of ``source`` to ``shape`` just before or after ``node``; its output."""
+    dtype = graph.value(source).dtype
+    target = target or graph.unique_name(f"{source}/as{len(shape)}d")
+    if target not in graph.values or graph.values[target].shape != tuple(shape):
+        graph.add_value(target, shape, dtype)
+    dims = _add_const(graph, f"{target}/shape", np.array(shape), "int64")
+    index = graph.nodes.index(node) + (0 if before else 1)
+    graph.add_node("Reshape", [source, dims], [target],
+                   name=graph.unique_name(f"{node.name}/{'in' if before else 'out'}_view"),
+                   index=index)
+    return target
 
 
 # ------------------------------------------------------- constant dequantize folding

@@ -16,11 +16,14 @@ the output type's range, narrowed by an absorbed Relu or Clip):
   uint8 weights), ``bias`` int32 constant ``(O,)``. Attributes x_scale, x_zero_point,
   w_scale (float32 ``(O,)``), w_zero_point (int ``(O,)``, all 0: already subtracted),
   y_scale, y_zero_point, y_min, y_max, strides, pads, dilations, group.
+* ``QConvTranspose(x, w, [bias])``: 2-D transposed convolution (:mod:`.qdq_convtranspose`).
 * ``QGemm(x, w, [bias])``: dense layer ``x @ w.T``, ``x`` ``(M, K)``, ``w`` constant
   ``(N, K)`` as QConv's (a Gemm's ``transB=0`` or a MatMul's ``(K, N)`` weight is stored
   transposed), ``bias`` int32 ``(N,)``. Attributes as QConv without the geometry.
 * ``QAdd(a, b)``: elementwise sum of two same-shape tensors. Attributes a_scale,
   a_zero_point, b_scale, b_zero_point, y_scale, y_zero_point, y_min, y_max.
+* ``QMul(a, b)``: elementwise product, ``b`` possibly a constant; ``QMatMul(a, b)``:
+  matmul of two activations (both :mod:`.qdq_binary`).
 * ``QMaxPool(x)``: 2-D max pooling in the stored domain (the scales and zero points of
   input and output are equal). Attributes kernel_shape, strides, pads, dilations,
   ceil_mode, x_scale, x_zero_point.
@@ -36,7 +39,8 @@ Every fused node may carry ``from_uint8 = 1``: :func:`~.qshift.shift_uint8_to_in
 moved its uint8 tensors to int8 (values and zero points minus 128); see there.
 
 ``Flatten`` and ``Reshape`` between a DQ and a Q of equal parameters stay standard ops,
-now on the stored tensor.
+now on the stored tensor; so does a ``Concat`` whose inputs all share its output's
+parameters (:mod:`.qdq_concat`).
 
 A pattern is fused only when everything the integer semantics relies on holds; otherwise
 it stays as it is (float ops between DQ and Q, which become CPU kernels). Checked: scales
@@ -64,13 +68,19 @@ import numpy as np
 from tessera.errors import CompileError
 
 from .graph import Graph, Node
+from .qdq_binary import fuse_activation_matmul, fuse_add_constant, fuse_mul
+from .qdq_concat import fuse_concat
+from .qdq_convtranspose import fuse_conv_transpose
+from .qdq_views import fuse_conv, fuse_matmul
+from .qsoftmax import fuse_softmax
 
 __all__ = ["DOMAIN", "OPS", "fuse_qdq", "pool_output_size"]
 
 #: The operator domain of the fused integer nodes.
 DOMAIN = "tessera"
 #: The ops of :data:`DOMAIN` (schemas in the module doc).
-OPS = ("QConv", "QGemm", "QAdd", "QMaxPool", "QGlobalAveragePool", "QAveragePool")
+OPS = ("QConv", "QConvTranspose", "QGemm", "QAdd", "QMul", "QMatMul", "QMaxPool",
+       "QGlobalAveragePool", "QAveragePool", "QSoftmax")
 
 _QTYPES = ("int8", "uint8")
 _REL_TOL = 1e-6
@@ -541,10 +551,15 @@ def _pass_through(graph: Graph, node: Node) -> bool:
     return True
 
 
-_REWRITES = {"Conv": _fuse_conv, "Gemm": _fuse_gemm, "MatMul": _fuse_matmul,
-             "Add": _fuse_add, "MaxPool": _fuse_max_pool,
+# 1-D convolutions and N-D matmuls: their 2-D forms between views (.qdq_views).
+_REWRITES = {"Conv": fuse_conv, "Gemm": _fuse_gemm,
+             "MatMul": lambda g, n: fuse_activation_matmul(g, n) or fuse_matmul(g, n),
+             "Add": lambda g, n: _fuse_add(g, n) or fuse_add_constant(g, n),
+             "Mul": fuse_mul, "MaxPool": _fuse_max_pool,
              "GlobalAveragePool": _fuse_global_average_pool, "AveragePool": _fuse_average_pool,
-             "Flatten": _pass_through, "Reshape": _pass_through}
+             "Flatten": _pass_through, "Reshape": _pass_through,
+             "ConvTranspose": fuse_conv_transpose, "Softmax": fuse_softmax,
+             "Concat": fuse_concat}
 
 
 def _remove_dead_dequantize(graph: Graph) -> None:

@@ -16,12 +16,34 @@ differs in 6 sets and the FMA on ``rB * b_zp`` in 5 (``tests/compiler/frontend/
 test_qlinear.py``). The kernel is the x86 one: MLAS dispatches the AVX2 kernel on AVX2
 and on AVX-512 CPUs alike (no AVX-512 QLinearAdd). On ARM, MLAS computes QLinearAdd in
 fixed point (NEON, ``MlasCalcQLinearAddParameters``), which this does not emulate.
+
+``QMul`` (QLinearMul, MLAS ``qlmul.cpp``) multiplies the centred operands exactly in
+int32, then requantizes in float32 without FMA: ``ratio = f32(f32(a_scale * b_scale) /
+y_scale)``, ``t = f32(f32(f32((a - a_zp) * (b - b_zp)) * ratio) + y_zp)``, ``y =
+saturate(rint(t))``. That kernel is MLAS's SSE2 one, the only x86 QLinearMul (no AVX2 or
+AVX-512 variant: every x86 CPU computes this), and a scalar ``b`` takes the same
+arithmetic. Over 60 random parameter sets x all 65,536 operand pairs, and the sets where
+an FMA would change a result, this form matches onnxruntime 1.31.1 on an AVX-512 CPU;
+the FMA form does not (``tests/compiler/frontend/test_qlinear_mul.py``). MLAS's NEON
+kernel (ARM64) writes the same multiply then add with ``vcvtnq`` (ties to even); its
+ARM32 kernel rounds ties away from zero, which this does not emulate.
+
+``QMatMul`` (a ``DequantizeLinear -> MatMul -> QuantizeLinear`` group of two
+activations, which onnxruntime runs as QLinearMatMul: MLAS's integer GEMM, exact, then
+``MlasRequantizeOutput``) is ``acc = sum (a - a_zp) * (b - b_zp)`` in int32, then
+:func:`tessera.isa.requant.onnxruntime_reference` with the scale ``f32(f32(a_scale *
+b_scale) / y_scale)`` (:func:`~tessera.isa.requant.requant_scale`): one float32
+multiply, clamp, round to even. The integer part is the same on every CPU; the
+requantization is plain float32 (no FMA to contract), so AVX2, AVX-512 and NEON agree.
 """
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["qlinear_add_coefficients", "qlinear_add_reference"]
+from tessera.isa.requant import onnxruntime_reference, requant_scale
+
+__all__ = ["qlinear_add_coefficients", "qlinear_add_reference", "qlinear_matmul_reference",
+           "qlinear_mul_ratio", "qlinear_mul_reference"]
 
 
 def qlinear_add_coefficients(a_scale: float, a_zero_point: int, b_scale: float,
@@ -50,6 +72,37 @@ def qlinear_add_reference(a: np.ndarray, b: np.ndarray, a_scale: float, a_zero_p
     info = np.iinfo(a.dtype)
     y = np.clip(np.rint(t), info.min, info.max).astype(np.int64)
     return np.clip(y, y_min, y_max)
+
+
+def qlinear_mul_ratio(a_scale: float, b_scale: float, y_scale: float) -> np.float32:
+    """MLAS's float32 ``a_scale * b_scale / y_scale`` (left to right, each rounded)."""
+    f32 = np.float32
+    return f32(f32(f32(a_scale) * f32(b_scale)) / f32(y_scale))
+
+
+def qlinear_mul_reference(a: np.ndarray, b: np.ndarray, a_scale: float, a_zero_point: int,
+                          b_scale: float, b_zero_point: int, y_scale: float, y_zero_point: int,
+                          y_min: int, y_max: int) -> np.ndarray:
+    """QLinearMul of stored ``a`` and ``b`` (broadcast) as MLAS computes it on x86 (module
+    doc), saturated to the operands' type and clamped to ``[y_min, y_max]``; int64."""
+    f32 = np.float32
+    product = (a.astype(np.int32) - a_zero_point) * (b.astype(np.int32) - b_zero_point)
+    t = f32(product.astype(f32) * qlinear_mul_ratio(a_scale, b_scale, y_scale)) \
+        + f32(y_zero_point)
+    info = np.iinfo(a.dtype)
+    y = np.clip(np.rint(t), info.min, info.max).astype(np.int64)
+    return np.clip(y, y_min, y_max)
+
+
+def qlinear_matmul_reference(a: np.ndarray, b: np.ndarray, a_scale: float, a_zero_point: int,
+                             b_scale: float, b_zero_point: int, y_scale: float,
+                             y_zero_point: int, y_min: int, y_max: int) -> np.ndarray:
+    """QLinearMatMul of stored ``a`` and ``b`` (numpy matmul broadcasting) as onnxruntime
+    computes it (module doc), clamped to ``[y_min, y_max]``; int64."""
+    acc = np.matmul(a.astype(np.int64) - a_zero_point, b.astype(np.int64) - b_zero_point)
+    acc = (acc + 2**31) % 2**32 - 2**31       # int32 accumulators wrap
+    return onnxruntime_reference(acc, requant_scale(a_scale, b_scale, y_scale), y_zero_point,
+                                 y_min, y_max)
 
 
 def _fma(a: np.ndarray | np.float32, b: np.ndarray | np.float32,

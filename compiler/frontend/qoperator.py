@@ -47,9 +47,13 @@ from tessera.errors import CompileError
 
 from .upgrade import DEFAULT_DOMAINS
 
-__all__ = ["QOPERATOR_OPS", "expand_qoperators"]
+__all__ = ["KEPT_CONTRIB_OPS", "QOPERATOR_OPS", "expand_qoperators"]
 
 _MS = "com.microsoft"
+#: onnxruntime ops that stay nodes of their own domain: no QDQ form says what they do
+#: (DynamicQuantizeLSTM quantizes its input and state while it runs), and the CPU backend
+#: runs them with onnxruntime's arithmetic (``compiler/cpu/lower_rnn.py``).
+KEPT_CONTRIB_OPS = frozenset({(_MS, "DynamicQuantizeLSTM")})
 #: The first opset whose DequantizeLinear takes a scale per channel (``axis``).
 _PER_CHANNEL_OPSET = 13
 #: Ops whose output has the element type of their input 0 (to tell the type of a
@@ -208,9 +212,9 @@ def expand_qoperators(model: onnx.ModelProto) -> int:
 
     Raises :class:`~tessera.errors.CompileError` naming the node for a QOperator node the
     compiler cannot take (scales that are not constants, a ``channels_last`` pool, scales
-    per channel below opset 13) and for ``DynamicQuantizeLSTM``. Other nodes are left as
-    they are. Call it before the model is checked (the ONNX checker does not know the
-    ``com.microsoft`` ops).
+    per channel below opset 13). Other nodes are left as they are, among them
+    :data:`KEPT_CONTRIB_OPS`, which have CPU kernels of their own. Call it before the
+    model is checked (the ONNX checker does not know the ``com.microsoft`` ops).
     """
     opset = next((o.version for o in model.opset_import if o.domain in DEFAULT_DOMAINS), 0)
     rewrite = _Rewrite(model, opset)
@@ -221,7 +225,6 @@ def expand_qoperators(model: onnx.ModelProto) -> int:
         rewrite.start(node)
         made = None if expand is None else expand(rewrite, node)
         if made is None:
-            _refuse_unsupported(node)
             rewrite.note(node)
             nodes.append(node)
             continue
@@ -243,15 +246,6 @@ def _drop_opset_import(model: onnx.ModelProto, domain: str) -> None:
     kept = [o for o in model.opset_import if o.domain != domain]
     del model.opset_import[:]
     model.opset_import.extend(kept)
-
-
-def _refuse_unsupported(node: onnx.NodeProto) -> None:
-    if node.domain == _MS and node.op_type == "DynamicQuantizeLSTM":
-        raise CompileError(
-            f"DynamicQuantizeLSTM node {node.name!r} (a dynamically quantized LSTM) is not "
-            "supported: the compiler has no LSTM kernel, float or quantized; compile the "
-            "parts of the model before and after the LSTM as models of their own",
-            op=node.name)
 
 
 def _operand(node: onnx.NodeProto, first: int) -> _Operand:

@@ -42,7 +42,8 @@ __all__ = ["DYNAMIC_OPS", "QDQ_OPS", "is_quantized", "quantize_static"]
 #: The ops a QDQ model marks its quantized tensors with.
 QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 #: The ops of a dynamically quantized model (quantized at run time, no calibration).
-DYNAMIC_OPS = frozenset({"DynamicQuantizeLinear", "ConvInteger", "MatMulInteger"})
+DYNAMIC_OPS = frozenset({"DynamicQuantizeLinear", "ConvInteger", "MatMulInteger",
+                         "DynamicQuantizeLSTM"})
 
 Feed = Mapping[str, np.ndarray]
 
@@ -66,6 +67,7 @@ def quantize_static(model: onnx.ModelProto, calibration: Sequence[Feed], *,
         # (which needs sympy) is for dynamic shapes; the compiler's are static.
         onnx.save(model, str(source))
         quant_pre_process(str(source), str(folded), skip_symbolic_shape=True)
+        _flatten_gemm_biases(folded)
         ortq.quantize_static(str(folded), str(quantized), _Feeds(samples),
                              quant_format=ortq.QuantFormat.QDQ, per_channel=per_channel,
                              activation_type=ortq.QuantType.QInt8,
@@ -75,6 +77,34 @@ def quantize_static(model: onnx.ModelProto, calibration: Sequence[Feed], *,
                              extra_options={"ActivationSymmetric": symmetric_activations,
                                             "WeightSymmetric": True})
         return onnx.load(str(quantized))
+
+
+def _flatten_gemm_biases(path: Path) -> None:
+    """Rewrite the model at ``path`` so each Gemm's constant bias of shape ``[1, N]`` is
+    ``[N]`` (the same values under Gemm's broadcast).
+
+    Why: ``quant_pre_process`` fuses a MatMul and the Add of a ``[1, N]`` constant into
+    a Gemm with that 2-D bias (magika's classifier head), and onnxruntime's quantizer
+    then fails on it with a bare "truth value of an array ... is ambiguous" while it
+    sizes the weight scales per channel for the int32 bias (it indexes the bias by
+    channel, expecting 1-D).
+    """
+    model = onnx.load(str(path))
+    initializers = {t.name: t for t in model.graph.initializer}
+    readers: dict[str, int] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            readers[name] = readers.get(name, 0) + 1
+    changed = False
+    for node in model.graph.node:
+        bias = initializers.get(node.input[2]) if (node.op_type == "Gemm"
+                                                    and len(node.input) > 2) else None
+        if bias is not None and len(bias.dims) == 2 and bias.dims[0] == 1 \
+                and readers[bias.name] == 1:
+            del bias.dims[0]
+            changed = True
+    if changed:
+        onnx.save(model, str(path))
 
 
 def is_quantized(graph: Graph) -> bool:

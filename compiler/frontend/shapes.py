@@ -25,11 +25,16 @@ from tessera.errors import CompileError
 
 from .upgrade import DEFAULT_DOMAINS, IR_OPSET, inferred_types
 
-__all__ = ["FOLD_LIMIT_BYTES", "SHAPE_ONLY", "constant_data", "evaluate_proto",
-           "fold_shape_subgraphs", "foldable_op", "refuse_control_flow"]
+__all__ = ["FOLD_LIMIT_BYTES", "SHAPE_ONLY", "WEIGHT_INPUTS", "constant_data", "evaluate_proto",
+           "fold_shape_subgraphs", "foldable_op", "refuse_control_flow", "type_contrib_outputs",
+           "weight_sources"]
 
-#: A node whose outputs would be larger than this stays a node (not a constant).
+#: A node whose outputs would be larger than this stays a node (not a constant), unless
+#: they are weights (:func:`weight_sources`).
 FOLD_LIMIT_BYTES = 16 << 20
+#: The weight input of each layer op: a constant there makes the layer one the
+#: accelerator runs (a quantizer finds its weights only among initializers).
+WEIGHT_INPUTS = {"Conv": 1, "ConvTranspose": 1, "Gemm": 1, "MatMul": 1}
 #: Ops never folded: the quantizer wants int8 weights behind their DequantizeLinear, and
 #: random ops must not be frozen to one draw.
 _NO_FOLD = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear",
@@ -121,19 +126,23 @@ def fold_shape_subgraphs(proto: onnx.ModelProto, opset: int) -> int:
     ``If`` whose condition is known, until nothing changes; shapes are inferred again after
     each round, so a ``Shape`` of a tensor whose shape just became static folds in the
     next. Keeps the nodes :func:`foldable_op` refuses and outputs over
-    :data:`FOLD_LIMIT_BYTES`. Returns the number of nodes folded or inlined."""
+    :data:`FOLD_LIMIT_BYTES` that are not weights (:func:`weight_sources`: a VGG's
+    400 MB ``ConstantOfShape`` FC weight is folded); declares the outputs of the
+    ``com.microsoft`` nodes import keeps (:func:`type_contrib_outputs`). Returns the number
+    of nodes folded or inlined."""
     graph = proto.graph
     known = _Known(graph)
     unfoldable: set[str] = set()
+    weights = weight_sources(graph)
     total = 0
     while True:
         types = {}
         if _reads_types(graph, known):
             types = inferred_types(proto)
             known.index(graph)
-        count = _fold_pass(graph, known, types, opset, unfoldable)
+        count = _fold_pass(graph, known, types, opset, unfoldable, weights)
         total += count
-        if not count:
+        if not count and not type_contrib_outputs(proto):
             return total
 
 
@@ -144,8 +153,31 @@ def _reads_types(graph: onnx.GraphProto, known: _Known) -> bool:
                for n in graph.node)
 
 
+def weight_sources(graph: onnx.GraphProto) -> frozenset[str]:
+    """The tensors that are a layer's weight (:data:`WEIGHT_INPUTS`) or that only such
+    tensors are computed from (the ``ConstantOfShape -> Reshape`` before a weight):
+    folded whatever their size, so that the layer has its weight as a constant."""
+    sources = {n.input[WEIGHT_INPUTS[n.op_type]] for n in graph.node
+               if n.domain in DEFAULT_DOMAINS and n.op_type in WEIGHT_INPUTS
+               and len(n.input) > WEIGHT_INPUTS[n.op_type]} - {""}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+
+    def feeds_weights_only(name: str) -> bool:
+        return name not in sources and all(
+            o in sources for r in readers[name] for o in r.output if o)
+    while True:
+        more = {i for n in graph.node if any(o in sources for o in n.output)
+                for i in n.input if i and feeds_weights_only(i)}
+        if not more:
+            return frozenset(sources)
+        sources |= more
+
+
 def _fold_pass(graph: onnx.GraphProto, known: _Known, types: Mapping[str, onnx.TypeProto],
-               opset: int, unfoldable: set[str]) -> int:
+               opset: int, unfoldable: set[str], weights: frozenset[str]) -> int:
     """One walk in topological order: fold or inline what can be; the number changed."""
     kept: list[onnx.NodeProto] = []
     pending = list(reversed(graph.node))
@@ -165,7 +197,7 @@ def _fold_pass(graph: onnx.GraphProto, known: _Known, types: Mapping[str, onnx.T
             pending.extend(reversed(inlined))
             count += 1
             continue
-        results = _evaluate_if_known(node, known, types, opset, unfoldable)
+        results = _evaluate_if_known(node, known, types, opset, unfoldable, weights)
         if results is None:
             kept.append(node)
             continue
@@ -184,7 +216,8 @@ def _is_default(node: onnx.NodeProto, op: str) -> bool:
 
 def _evaluate_if_known(node: onnx.NodeProto, known: _Known,
                        types: Mapping[str, onnx.TypeProto], opset: int,
-                       unfoldable: set[str]) -> list[tuple[str, np.ndarray]] | None:
+                       unfoldable: set[str], weights: frozenset[str]
+                       ) -> list[tuple[str, np.ndarray]] | None:
     """The node's outputs by name if it folds, else None."""
     inputs = [i for i in node.input if i]
     if (not inputs or not foldable_op(node.op_type, node.domain) or node.name in unfoldable
@@ -196,8 +229,9 @@ def _evaluate_if_known(node: onnx.NodeProto, known: _Known,
         if feed is None:
             return None
         feeds[name] = feed
+    limit = np.inf if all(o in weights for o in node.output if o) else FOLD_LIMIT_BYTES
     predicted = _predicted_bytes(node, feeds, types)
-    if predicted is not None and predicted > FOLD_LIMIT_BYTES:
+    if predicted is not None and predicted > limit:
         unfoldable.add(node.name)
         return None
     try:
@@ -207,7 +241,7 @@ def _evaluate_if_known(node: onnx.NodeProto, known: _Known,
         # folds after conversion to the IR opset, or fold_constants says what is wrong.
         unfoldable.add(node.name)
         return None
-    if sum(r.nbytes for r in results) > FOLD_LIMIT_BYTES:
+    if sum(r.nbytes for r in results) > limit:
         unfoldable.add(node.name)
         return None
     return list(zip([o for o in node.output if o], results))
@@ -357,3 +391,43 @@ def refuse_control_flow(graph: onnx.GraphProto) -> None:
         cond = node.input[0] if node.input else ""
         raise CompileError(f"{node.op_type} node {node.name!r} is not supported: "
                            f"{why.format(cond=cond)}", op=node.name)
+
+
+def type_contrib_outputs(proto: onnx.ModelProto) -> int:
+    """Declare (as ``value_info``) the outputs of the ``com.microsoft`` DynamicQuantizeLSTM
+    nodes once their X's shape is known; the number of nodes typed. ONNX's shape
+    inference does not know the op, so without this nothing after it gets a type: call
+    it, infer shapes again, until it returns 0."""
+    graph = proto.graph
+    typed = {v.name for v in (*graph.value_info, *graph.output)
+             if v.type.tensor_type.HasField("shape")}
+    todo = [n for n in graph.node if (n.domain, n.op_type) == _MS_LSTM
+            and any(o and o not in typed for o in n.output)]
+    types = inferred_types(proto) if todo else {}
+    count = 0
+    for node in todo:
+        shapes = _lstm_output_shapes(node, types.get(node.input[0]))
+        if shapes is None:
+            continue
+        graph.value_info.extend(helper.make_tensor_value_info(out, onnx.TensorProto.FLOAT, shape)
+                                for out, shape in zip(node.output, shapes)
+                                if out and out not in typed)
+        count += 1
+    return count
+
+
+_MS_LSTM = ("com.microsoft", "DynamicQuantizeLSTM")
+
+
+def _lstm_output_shapes(node: onnx.NodeProto,
+                        x_type: onnx.TypeProto | None) -> list[list[int]] | None:
+    """Y, Y_h and Y_c's shapes of an LSTM of layout 0 whose X has type ``x_type`` (None
+    while X's shape or the node's hidden_size is unknown)."""
+    dims = x_type.tensor_type.shape.dim if x_type is not None else []
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if len(dims) != 3 or not all(d.HasField("dim_value") for d in dims) \
+            or "hidden_size" not in attrs:
+        return None
+    seq, batch, hidden = dims[0].dim_value, dims[1].dim_value, int(attrs["hidden_size"])
+    directions = 2 if attrs.get("direction", b"forward") == b"bidirectional" else 1
+    return [[seq, directions, batch, hidden]] + [[directions, batch, hidden]] * 2

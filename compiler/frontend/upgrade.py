@@ -15,10 +15,11 @@ import logging
 import re
 from typing import Callable
 
+import numpy as np
 import onnx
 import onnx.inliner
 import onnx.version_converter
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from tessera.errors import CompileError
 
@@ -166,6 +167,8 @@ _EXPANDED_DOMAIN = "tessera.expanded"
 def convert_opset(proto: onnx.ModelProto, opset: int, source: str) -> onnx.ModelProto:
     """``proto`` converted from ``opset`` to :data:`IR_OPSET`; CompileError naming the node
     the converter fails on."""
+    if opset > IR_OPSET:
+        _size_splits(proto)
     held = _hold_back(proto.graph) if opset > IR_OPSET else False
     if held:
         proto.opset_import.append(helper.make_opsetid(_HELD_DOMAIN, 1))
@@ -301,6 +304,36 @@ def _release(proto: onnx.ModelProto) -> None:
     imports = [o for o in proto.opset_import if o.domain != _HELD_DOMAIN]
     del proto.opset_import[:]
     proto.opset_import.extend(imports)
+
+
+def _size_splits(proto: onnx.ModelProto) -> None:
+    """Give each Split that has ``num_outputs`` (opset 18) and no sizes its sizes as a
+    constant input: chunks of ``ceil(size / num_outputs)``, the last one smaller, which
+    opset 17's Split (even parts only, without sizes) cannot otherwise say."""
+    splits = [n for n in proto.graph.node if n.op_type == "Split"
+              and n.domain in DEFAULT_DOMAINS and (len(n.input) < 2 or not n.input[1])
+              and any(a.name == "num_outputs" for a in n.attribute)]
+    if not splits:
+        return
+    types = inferred_types(proto)
+    for node in splits:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        dims = types.get(node.input[0], onnx.TypeProto()).tensor_type.shape.dim
+        axis = attrs.get("axis", 0)
+        if not dims or not -len(dims) <= axis < len(dims) or \
+                not dims[axis].HasField("dim_value"):
+            continue  # unknown size: _release drops num_outputs (an even split)
+        size, parts = dims[axis].dim_value, attrs["num_outputs"]
+        chunk = -(-size // parts)
+        sizes = [min(chunk, max(size - k * chunk, 0)) for k in range(parts)]
+        name = f"{node.name}/split_sizes"
+        proto.graph.initializer.append(numpy_helper.from_array(
+            np.array(sizes, dtype=np.int64), name))
+        del node.input[1:]
+        node.input.append(name)
+        kept = [a for a in node.attribute if a.name != "num_outputs"]
+        del node.attribute[:]
+        node.attribute.extend(kept)
 
 
 def _pad_feature(node: onnx.NodeProto) -> str | None:

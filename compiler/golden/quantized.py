@@ -40,7 +40,9 @@ from tessera.isa.requant import onnxruntime_reference, requant_scale
 from ..frontend.graph import Graph, Node
 from ..frontend.onnx_import import evaluate_proto, node_proto
 from ..frontend.qdq import DOMAIN, pool_output_size
+from ..frontend.qdq_binary import qmatmul_reference, qmul_reference
 from ..frontend.qshift import model_domain, qadd_reference
+from ..frontend.qsoftmax import qlinear_softmax
 
 __all__ = ["run_reference"]
 
@@ -213,6 +215,21 @@ def _qadd(node: Node, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return qadd_reference(a, b, node.attrs)
 
 
+def _qmul(node: Node, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return qmul_reference(a, b, node.attrs)
+
+
+def _qmatmul(node: Node, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return qmatmul_reference(a, b, node.attrs)
+
+
+def _qsoftmax(node: Node, x: np.ndarray, table: np.ndarray) -> np.ndarray:
+    return qlinear_softmax(x, table, node.attrs["y_scale"], node.attrs["y_zero_point"],
+                           node.attrs["axis"])
+
+
 _KERNELS: dict[str, Callable[..., np.ndarray]] = {
-    "QConv": _qconv, "QGemm": _qgemm, "QAdd": _qadd, "QMaxPool": _qmax_pool,
-    "QGlobalAveragePool": _qglobal_average_pool, "QAveragePool": _qaverage_pool}
+    "QConv": _qconv, "QGemm": _qgemm, "QAdd": _qadd, "QMul": _qmul, "QMatMul": _qmatmul,
+    "QMaxPool": _qmax_pool,
+    "QGlobalAveragePool": _qglobal_average_pool, "QAveragePool": _qaverage_pool,
+    "QSoftmax": _qsoftmax}

@@ -41,14 +41,42 @@ def node_work(graph: Graph, node: Node) -> tuple[int, int]:
     """``(MACs, bytes read and written)`` of a node, from its tensors' shapes."""
     nbytes = sum(graph.value(t).size * np.dtype(graph.value(t).dtype).itemsize
                  for t in [*node.inputs, *node.outputs] if t)
-    macs = 0
+    return _node_macs(graph, node), nbytes
+
+
+def _node_macs(graph: Graph, node: Node) -> int:
+    """Multiply-accumulates of a conv, transposed conv, matrix product or recurrent layer
+    (0 otherwise)."""
+    if node.op not in _MAC_OPS:
+        return 0
+    x, w = (graph.value(t).shape for t in node.inputs[:2])
+    if node.op in _RECURRENT_GATES:
+        # every step: the gates' input and recurrent products, per direction
+        directions, gates_x_hidden, features = w
+        if node.op == "DynamicQuantizeLSTM":   # onnxruntime stores its W transposed
+            directions, features, gates_x_hidden = w
+        steps, batch = (x[0], x[1]) if node.attr("layout", 0) == 0 else (x[1], x[0])
+        hidden = gates_x_hidden // _RECURRENT_GATES[node.op]
+        return directions * steps * batch * gates_x_hidden * (features + hidden)
+    out = graph.value(node.outputs[0]).size
     if node.op in ("QConv", "Conv", "ConvInteger"):
-        w = graph.value(node.inputs[1]).shape
-        macs = graph.value(node.outputs[0]).size * int(np.prod(w[1:]))
-    elif node.op in ("QGemm", "Gemm", "MatMul", "MatMulInteger"):
-        w = graph.value(node.inputs[1]).shape
-        macs = graph.value(node.outputs[0]).size * int(w[-1] if node.op == "QGemm" else w[0])
-    return macs, nbytes
+        return out * int(np.prod(w[1:]))                    # weight (O, C/g, kh, kw)
+    if node.op in ("QConvTranspose", "ConvTranspose"):
+        # every input pixel meets the whole kernel: weight (C, O/g, kh, kw)
+        return int(np.prod(x)) * int(np.prod(w[1:]))
+    if node.op == "QGemm":
+        return out * int(w[-1])                             # weight (N, K)
+    if node.op == "Gemm":
+        return out * int(x[0] if node.attr("transA", 0) else x[-1])
+    return out * int(x[-1])                                 # MatMul*: A (..., M, K)
+
+
+#: Recurrent ops and their gates (W is ``(directions, gates * hidden, features)``,
+#: DynamicQuantizeLSTM's ``(directions, features, gates * hidden)``).
+_RECURRENT_GATES = {"LSTM": 4, "DynamicQuantizeLSTM": 4, "GRU": 3, "RNN": 1}
+_MAC_OPS = frozenset({"QConv", "Conv", "ConvInteger", "QConvTranspose", "ConvTranspose",
+                      "QGemm", "Gemm", "MatMul", "MatMulInteger", "QMatMul",
+                      *_RECURRENT_GATES})
 
 
 def accel_seconds(graph: Graph, node: Node, config: HwConfig) -> float:

@@ -392,16 +392,19 @@ def test_qadd_equals_qref_on_every_pair(dtype: str, attrs: dict) -> None:
 
 
 # ------------------------------------------------------------------ unsupported nodes
-def _float_conv_graph() -> Graph:
-    c = Case("Conv", {"x": f32(1, 2, 6, 6)}, ["x", "w"], {"w": f32(4, 2, 3, 3)})
+def _float64_conv_graph() -> Graph:
+    c = Case("Conv", {"x": f32(1, 2, 6, 6).astype(np.float64)}, ["x", "w"],
+             {"w": f32(4, 2, 3, 3).astype(np.float64)})
     return import_onnx(c.model())
 
 
-def test_float_conv_is_unsupported() -> None:
-    graph = _float_conv_graph()
+def test_float64_conv_is_unsupported() -> None:
+    """Float32 convolutions run on the CPU (tests/compiler/cpu/test_linear_ops.py); a
+    float64 one is refused, naming the node and what to do."""
+    graph = _float64_conv_graph()
     node = graph.nodes[0]
     reason = cpu_unsupported_reason(graph, node)
-    assert reason is not None and "float convolution" in reason and "int8 form" in reason
+    assert reason is not None and "float64" in reason and "cast it" in reason
     with pytest.raises(CompileError, match="conv_node") as info:
         lower_node_to_cpu(graph, node)
     assert info.value.op == node.name and reason in str(info.value)
@@ -427,9 +430,9 @@ def test_unknown_op_is_unsupported() -> None:
           {"s": np.array([1, 1, 2, 2], np.float32)}, {"mode": "cubic"}), "cubic"),
     (Case("Pow", {"a": ints("int32", 3), "b": f32(3)}, ["a", "b"]), "float32"),
     (Case("ReduceMean", {"x": ints("int32", 3, 4)}, ["x"]), "int32"),
-    (Case("Cast", {"x": f32(3)}, ["x"], attrs={"to": TensorProto.INT64}), "int64"),
+    (Case("Cast", {"x": f32(3)}, ["x"], attrs={"to": TensorProto.DOUBLE}), "float64"),
     (Case("Pad", {"x": f32(4, 4)}, ["x", "p"], {"p": np.array([0, -1, 0, 0])}), "negative"),
-], ids=["ceil_mode", "cubic", "int-pow", "int-mean", "cast-int64", "crop"])
+], ids=["ceil_mode", "cubic", "int-pow", "int-mean", "cast-float64", "crop"])
 def test_unsupported_attribute_or_dtype(c: Case, words: str) -> None:
     graph = import_onnx(c.model())
     node = graph.nodes[0]

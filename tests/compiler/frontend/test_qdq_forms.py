@@ -138,7 +138,8 @@ def _scalar_model() -> onnx.ModelProto:
 def test_constant_dequantize_chains_fold_into_float_constants() -> None:
     """Our own quantizer's model of ``x * 0.5`` and ``Tanh -> Mul 0.5 -> Add 0.5``: no
     DequantizeLinear of constants is left for the CPU ("fold it in the model"), every
-    node has a CPU kernel, and the scalars are exactly onnxruntime's dequantized 0.5."""
+    node has a CPU kernel, and the scalar Muls and the Add are fused with their stored
+    0.5 (QMul, QAdd), as onnxruntime runs them (QLinearMul, QLinearAdd): exact."""
     model = _scalar_model()
     qdq = quantize_static(model, feeds(model, 4))
     graph = import_onnx(qdq)
@@ -146,19 +147,20 @@ def test_constant_dequantize_chains_fold_into_float_constants() -> None:
                        and graph.values[n.inputs[0]].is_const]
     assert len(dq_of_constants) >= 3                # the scalars and both weights
     fuse_qdq(graph)
-    assert Counter(n.op for n in graph.nodes if n.domain == DOMAIN) == {"QConv": 2}
+    assert Counter(n.op for n in graph.nodes if n.domain == DOMAIN) == {
+        "QConv": 2, "QMul": 2, "QAdd": 1}
     for node in graph.nodes:
         assert not all(graph.values[i].is_const for i in node.inputs if i), node.name
         assert cpu_unsupported_reason(graph, node) is None, node.name
-    half = graph.const(graph.node("half_tanh").inputs[1])
-    assert half.dtype == np.float32 and half.size == 1 and abs(float(half) - 0.5) < 1e-2
+    half_tanh = next(n for n in graph.nodes if n.name.startswith("half_tanh"))
+    half = graph.const(half_tanh.inputs[1]).astype(np.float32)
+    stored = (half - half_tanh.attrs["b_zero_point"]) * half_tanh.attrs["b_scale"]
+    assert half.size == 1 and abs(float(stored) - 0.5) < 1e-2
     feed = feeds(model, 1, seed=9)[0]
     ref = run_reference(graph, feed)["y"]
     got = session(qdq).run(None, feed)[0]
-    # onnxruntime runs the scalar Mul and Add as QLinearMul/QLinearAdd; here they stay
-    # float between DQ and Q, which agrees but for rounding at ties.
     agreement = int8_agreement(ref, got, output_scales(qdq)["y"])
-    assert agreement.fraction >= 0.99 and agreement.max_steps <= 1, agreement
+    assert agreement.fraction == 1.0, agreement
 
 
 def test_folded_constants_are_onnxruntimes_values() -> None:

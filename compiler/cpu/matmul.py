@@ -1,0 +1,298 @@
+"""float32 tensor contractions: ONNX MatMul (batched, broadcasting, 1-D operands), Gemm
+(transA, transB, alpha, beta, a broadcast C) and Einsum (any equation of float32
+operands: matmuls, transposes, sums over an index, diagonals, ``...``).
+
+All three are one loop nest, :func:`_emit_contraction`: ``out[o] = sum_r prod_k
+op_k[o, r]`` where each operand reads the output and reduced indices through its own
+element strides (0 where it does not have the index or broadcasts it). The output is
+zeroed, then the loops run over the output indices but the last, all reduced indices,
+and the last output index innermost: ``out[..., j] += a * b[..., j]``, a contiguous
+loop that LLVM vectorises when the operands' last-index strides are 0 or 1 (MatMul's
+``A[i, k] * B[k, j]``), the products fused into FMAs where the host has them.
+
+Results differ from onnxruntime (MLAS's blocked SGEMM) in the last bits: the sums are
+added in another order. :func:`build_matmul_integer` is the same nest in int32 on
+int8/uint8 operands minus their zero points (exact); the int8 weight GEMM of the fused
+dense layers is :func:`.conv.build_matmul_int8`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+from typing import Sequence
+
+import llvmlite.ir as ir
+
+from tessera.errors import CpuKernelError
+
+from . import irutil as U
+from .kernel import CpuKernel, TensorSpec, kernel_function, new_module
+
+__all__ = ["build_einsum", "build_gemm", "build_matmul", "build_matmul_integer",
+           "einsum_output_shape", "matmul_output_shape"]
+
+#: FMA contraction allowed on the accumulation (one rounding instead of two).
+_CONTRACT = ("contract",)
+
+
+@dataclass(frozen=True)
+class _Operand:
+    """One factor of the product: its pointer index among the kernel's inputs and its
+    element strides along every output index, then every reduced index."""
+
+    arg: int
+    out_strides: tuple[int, ...]
+    red_strides: tuple[int, ...]
+    dtype: str = "float32"
+    zero_point: int = 0           # integer operands: subtracted after widening to int32
+
+
+# ---------------------------------------------------------------------------- MatMul
+def matmul_output_shape(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
+    """numpy.matmul's output shape (1-D operands promoted, then their axis dropped);
+    CpuKernelError if the shapes do not fit."""
+    a2 = (1, *a) if len(a) == 1 else tuple(a)
+    b2 = (*b, 1) if len(b) == 1 else tuple(b)
+    if len(a2) < 2 or len(b2) < 2 or a2[-1] != b2[-2]:
+        raise CpuKernelError(f"MatMul: shapes {list(a)} and {list(b)} do not fit "
+                             "(A's last dimension must equal B's second-to-last)")
+    batch = _broadcast_shape(a2[:-2], b2[:-2])
+    out = (*batch, a2[-2], b2[-1])
+    if len(a) == 1:
+        out = out[:-2] + out[-1:]
+    if len(b) == 1:
+        out = out[:-1]
+    return out
+
+
+def build_matmul(a: TensorSpec, b: TensorSpec, name: str = "matmul") -> CpuKernel:
+    """float32 ``numpy.matmul(a, b)``: batch dimensions broadcast, a 1-D ``a`` is a row
+    and a 1-D ``b`` a column (their axis dropped from the output)."""
+    _require_float("MatMul", a, b)
+    return _matmul_kernel(name, a, b, "float32", (0, 0))
+
+
+def build_matmul_integer(a: TensorSpec, b: TensorSpec, a_zero_point: int = 0,
+                         b_zero_point: int = 0, name: str = "matmul_integer") -> CpuKernel:
+    """int32 ``numpy.matmul(a - a_zero_point, b - b_zero_point)`` of int8/uint8 operands
+    (broadcasting as :func:`build_matmul`; sums wrap in int32): ONNX MatMulInteger, and
+    the accumulators of a QLinearMatMul of two activations."""
+    bad = [s for s in (a, b) if s.dtype not in ("int8", "uint8")]
+    if bad:
+        raise CpuKernelError(f"MatMulInteger: operands must be int8 or uint8, not {bad[0]}")
+    return _matmul_kernel(name, a, b, "int32", (int(a_zero_point), int(b_zero_point)))
+
+
+def _matmul_kernel(name: str, a: TensorSpec, b: TensorSpec, acc: str,
+                   zero_points: tuple[int, int]) -> CpuKernel:
+    out = TensorSpec(matmul_output_shape(a.shape, b.shape), acc)
+    a2 = (1, *a.shape) if a.ndim == 1 else a.shape
+    b2 = (*b.shape, 1) if b.ndim == 1 else b.shape
+    batch = _broadcast_shape(a2[:-2], b2[:-2])
+    m, k, n = a2[-2], a2[-1], b2[-1]
+    full = (*batch, m, n)
+    sa = U.broadcast_strides(a2[:-2], batch) if batch else ()
+    sb = U.broadcast_strides(b2[:-2], batch) if batch else ()
+    ops = [_Operand(0, (*(s * m * k for s in sa), k if m > 1 else 0, 0), (1,), a.dtype,
+                    zero_points[0]),
+           _Operand(1, (*(s * k * n for s in sb), 0, 1 if n > 1 else 0), (n,), b.dtype,
+                    zero_points[1])]
+    return _contraction_kernel(name, (a, b), out, full, (k,), ops)
+
+
+# ------------------------------------------------------------------------------ Gemm
+def build_gemm(a: TensorSpec, b: TensorSpec, c: TensorSpec | None = None,
+               trans_a: bool = False, trans_b: bool = False, alpha: float = 1.0,
+               beta: float = 1.0, name: str = "gemm") -> CpuKernel:
+    """float32 ONNX Gemm ``alpha * A' @ B' + beta * C`` (``A'`` is ``A.T`` if
+    ``trans_a``, ``B'`` likewise), ``C`` broadcast to ``[M, N]`` (a scalar, ``[N]``,
+    ``[M, 1]``, ...). alpha scales the finished sum and beta ``C``, as onnxruntime does."""
+    _require_float("Gemm", a, b, *(() if c is None else (c,)))
+    if a.ndim != 2 or b.ndim != 2:
+        raise CpuKernelError(f"Gemm: A and B must be 2-D, got {a} and {b}")
+    m, k = (a.shape[1], a.shape[0]) if trans_a else a.shape
+    k2, n = (b.shape[1], b.shape[0]) if trans_b else b.shape
+    if k != k2:
+        raise CpuKernelError(f"Gemm: inner dimensions differ: A' is {m}x{k}, B' {k2}x{n}")
+    out = TensorSpec((m, n), "float32")
+    ops = [_Operand(0, (1, 0) if trans_a else (k, 0), (m,) if trans_a else (1,)),
+           _Operand(1, (0, k) if trans_b else (0, 1), (1,) if trans_b else (n,))]
+    epilogue = None
+    if c is not None or alpha != 1.0:
+        cs = U.broadcast_strides(c.shape, (m, n)) if c is not None else None
+        epilogue = _GemmEpilogue(float(alpha), float(beta), cs)
+    inputs = (a, b) if c is None else (a, b, c)
+    return _contraction_kernel(name, inputs, out, (m, n), (k,), ops, epilogue)
+
+
+@dataclass(frozen=True)
+class _GemmEpilogue:
+    """``out = alpha * out + beta * C[i, j]`` (C's strides None: no C)."""
+
+    alpha: float
+    beta: float
+    c_strides: tuple[int, int] | None
+
+    def emit(self, b: ir.IRBuilder, args: Sequence[ir.Value], out: ir.Value,
+             shape: tuple[int, int]) -> None:
+        m, n = shape
+        with U.for_range(b, m, name="ei") as i, U.for_range(b, n, name="ej") as j:
+            o = b.add(b.mul(i, U.i64(n)), j)
+            v = U.load(b, out, o)
+            if self.alpha != 1.0:
+                v = b.fmul(v, U.f32(self.alpha))
+            if self.c_strides is not None:
+                si, sj = self.c_strides
+                cv = U.load(b, args[2], b.add(b.mul(i, U.i64(si)), b.mul(j, U.i64(sj))))
+                if self.beta != 1.0:
+                    cv = b.fmul(cv, U.f32(self.beta))
+                v = b.fadd(v, cv)
+            U.store(b, v, out, o)
+
+
+# ---------------------------------------------------------------------------- Einsum
+def _parse_einsum(equation: str, ranks: Sequence[int]) -> tuple[list[str], str]:
+    """Each operand's labels and the output's, ``...`` expanded to one label per
+    broadcast dimension (characters from U+0100, which cannot clash with the
+    equation's letters), right-aligned across operands as numpy does."""
+    eq = equation.replace(" ", "")
+    lhs, arrow, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(ranks):
+        raise CpuKernelError(f"Einsum: equation {equation!r} has {len(terms)} operands, "
+                             f"the node {len(ranks)}")
+    ell = max((r - len(t.replace("...", "")) for t, r in zip(terms, ranks) if "..." in t),
+              default=0)
+    dots = "".join(chr(0x100 + i) for i in range(ell))   # one non-letter label per dim
+    labels = []
+    for t, r in zip(terms, ranks):
+        own = r - len(t.replace("...", "")) if "..." in t else 0
+        lab = t.replace("...", dots[ell - own:])
+        if len(lab) != r or not all(ch.isalpha() or ord(ch) >= 0x100 for ch in lab):
+            raise CpuKernelError(f"Einsum: term {t!r} of {equation!r} does not fit an "
+                                 f"operand of rank {r}")
+        labels.append(lab)
+    if not arrow:   # implicit output: the labels used once, sorted, after the "..." dims
+        counts = "".join(labels)
+        rhs = dots + "".join(sorted(ch for ch in set(counts) if ch.isalpha()
+                                    and counts.count(ch) == 1))
+    else:
+        rhs = rhs.replace("...", dots)
+    return labels, rhs
+
+
+def _einsum_sizes(labels: Sequence[str], shapes: Sequence[Sequence[int]],
+                  equation: str) -> dict[str, int]:
+    sizes: dict[str, int] = {}
+    for lab, shape in zip(labels, shapes):
+        for ch, d in zip(lab, shape):
+            if sizes.get(ch, 1) not in (1, d) and d != 1:
+                raise CpuKernelError(f"Einsum: index {ch!r} of {equation!r} has sizes "
+                                     f"{sizes[ch]} and {d}")
+            sizes[ch] = max(sizes.get(ch, d), d)
+    return sizes
+
+
+def einsum_output_shape(equation: str, shapes: Sequence[Sequence[int]]) -> tuple[int, ...]:
+    """The output shape of ONNX Einsum ``equation`` on operands of ``shapes``."""
+    labels, rhs = _parse_einsum(equation, [len(s) for s in shapes])
+    sizes = _einsum_sizes(labels, shapes, equation)
+    missing = [ch for ch in rhs if ch not in sizes]
+    if missing or len(set(rhs)) != len(rhs):
+        raise CpuKernelError(f"Einsum: output {rhs!r} of {equation!r} names an index "
+                             "twice or one no operand has")
+    return tuple(sizes[ch] for ch in rhs)
+
+
+def build_einsum(equation: str, inputs: Sequence[TensorSpec],
+                 name: str = "einsum") -> CpuKernel:
+    """float32 ONNX Einsum: the product of the operands summed over every index the
+    output does not name (a repeated index in one operand reads its diagonal)."""
+    _require_float("Einsum", *inputs)
+    labels, rhs = _parse_einsum(equation, [s.ndim for s in inputs])
+    sizes = _einsum_sizes(labels, [s.shape for s in inputs], equation)
+    out = TensorSpec(einsum_output_shape(equation, [s.shape for s in inputs]), "float32")
+    reduced = [ch for ch in dict.fromkeys("".join(labels)) if ch not in rhs]
+    ops = []
+    for k, (lab, spec) in enumerate(zip(labels, inputs)):
+        own = U.c_strides(spec.shape)
+        stride = {ch: 0 for ch in sizes}
+        for ch, d, s in zip(lab, spec.shape, own):
+            stride[ch] += s if d > 1 else 0     # a repeated index: the diagonal's stride
+        ops.append(_Operand(k, tuple(stride[ch] for ch in rhs),
+                            tuple(stride[ch] for ch in reduced)))
+    return _contraction_kernel(name, tuple(inputs), out, out.shape,
+                               tuple(sizes[ch] for ch in reduced), ops)
+
+
+# ----------------------------------------------------------------------- the nest
+def _contraction_kernel(name: str, inputs: Sequence[TensorSpec], out: TensorSpec,
+                        shape: Sequence[int], red_shape: Sequence[int],
+                        ops: Sequence[_Operand], epilogue: _GemmEpilogue | None = None
+                        ) -> CpuKernel:
+    """The kernel of ``out = sum over red_shape of the operands' product`` over the
+    output index space ``shape`` (``out``'s shape, or the same elements with MatMul's
+    dropped 1-D axes kept)."""
+    module = new_module(name)
+    fn, b = kernel_function(module, "entry", inputs, (out,))
+    args, dst = fn.args[:len(inputs)], fn.args[len(inputs)]
+    U.fill(b, dst, out.size, U.const(out.dtype, 0))
+    if out.size and prod(red_shape):
+        _emit_contraction(b, args, dst, tuple(shape) or (1,), tuple(red_shape), ops,
+                          out.dtype)
+    if epilogue is not None and out.size:
+        epilogue.emit(b, args, dst, tuple(shape))
+    b.ret_void()
+    return CpuKernel(name, str(module), "entry", tuple(inputs), (out,))
+
+
+def _emit_contraction(b: ir.IRBuilder, args: Sequence[ir.Value], dst: ir.Value,
+                      shape: tuple[int, ...], red_shape: tuple[int, ...],
+                      ops: Sequence[_Operand], acc: str) -> None:
+    """Loops: output indices but the last, reduced indices, the last output index;
+    products and sums in ``acc`` (float32, or int32 wrapping)."""
+    rank = len(shape)
+    ops = [_Operand(o.arg, o.out_strides or (0,), o.red_strides, o.dtype, o.zero_point)
+           for o in ops]
+    out_strides = U.c_strides(shape)
+    with U.nested_range(b, shape[:-1], name="o") as outer, \
+            U.nested_range(b, red_shape, name="r") as red:
+        base_out = _offset(b, outer, out_strides[:-1])
+        bases = [b.add(_offset(b, outer, o.out_strides[:rank - 1]),
+                       _offset(b, red, o.red_strides)) for o in ops]
+        with U.for_range(b, shape[-1], name="j") as j:
+            prod_v = None
+            for o, base in zip(ops, bases):
+                v = U.load(b, args[o.arg], b.add(base, b.mul(j, U.i64(o.out_strides[-1]))))
+                if acc != "float32":
+                    v = b.sub(U.widen(b, v, o.dtype, U.I32), U.const("int32", o.zero_point))
+                prod_v = v if prod_v is None else U.mul(b, prod_v, v, acc, flags=_CONTRACT)
+            idx = b.add(base_out, j)
+            U.store(b, U.add(b, U.load(b, dst, idx), prod_v, acc, flags=_CONTRACT), dst, idx)
+
+
+def _offset(b: ir.IRBuilder, idx: Sequence[ir.Value], strides: Sequence[int]) -> ir.Value:
+    total: ir.Value = U.i64(0)
+    for i, s in zip(idx, strides):
+        if s:
+            total = b.add(total, b.mul(i, U.i64(s)))
+    return total
+
+
+# ---------------------------------------------------------------------------- checks
+def _broadcast_shape(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
+    n = max(len(a), len(b))
+    a, b = (1,) * (n - len(a)) + tuple(a), (1,) * (n - len(b)) + tuple(b)
+    out = []
+    for x, y in zip(a, b):
+        if x != y and 1 not in (x, y):
+            raise CpuKernelError(f"MatMul: batch dimensions {list(a)} and {list(b)} do not "
+                                 "broadcast")
+        out.append(y if x == 1 else x)
+    return tuple(out)
+
+
+def _require_float(op: str, *specs: TensorSpec) -> None:
+    bad = [s for s in specs if s.dtype != "float32"]
+    if bad:
+        raise CpuKernelError(f"{op}: the CPU kernel takes float32 operands, not {bad[0]}")
