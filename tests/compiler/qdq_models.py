@@ -115,3 +115,19 @@ def feeds(model: onnx.ModelProto, n: int, seed: int = 0) -> list[Feed]:
               for i in model.graph.input}
     return [{k: rng.standard_normal(v, dtype=np.float32) for k, v in shapes.items()}
             for _ in range(n)]
+
+
+def every_pair(dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Every pair of 8-bit values of ``dtype`` as two ``(1, 65536)`` operand rows."""
+    info = np.iinfo(dtype)
+    values = np.arange(info.min, info.max + 1).astype(dtype)
+    a, b = np.meshgrid(values, values, indexing="ij")
+    return a.reshape(1, -1).copy(), b.reshape(1, -1).copy()
+
+
+def random_binary_params(rng: np.random.Generator, dtype) -> tuple:
+    """Random ``(a_scale, a_zp, b_scale, b_zp, y_scale, y_zp)`` of a quantized binary op."""
+    info = np.iinfo(dtype)
+    scales = [float(np.float32(rng.uniform(0.001, 0.1))) for _ in range(3)]
+    zps = [int(rng.integers(info.min, info.max + 1)) for _ in range(3)]
+    return scales[0], zps[0], scales[1], zps[1], scales[2], zps[2]

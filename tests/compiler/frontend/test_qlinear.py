@@ -18,6 +18,8 @@ from tessera.compiler.frontend.onnx_import import import_onnx
 from tessera.compiler.frontend.qdq import fuse_qdq
 from tessera.compiler.frontend.qlinear import qlinear_add_reference
 
+from tests.compiler.qdq_models import every_pair, random_binary_params
+
 pytestmark = pytest.mark.skipif(
     platform.machine().lower() not in ("x86_64", "amd64"),
     reason="onnxruntime's QLinearAdd on this CPU is MLAS's NEON fixed-point kernel; the "
@@ -43,22 +45,8 @@ def _onnxruntime_qlinear_add(a, b, params, dtype):
     return session.run(None, {"a": a, "b": b})[0].astype(np.int64)
 
 
-def _every_pair(dtype):
-    info = np.iinfo(dtype)
-    values = np.arange(info.min, info.max + 1).astype(dtype)
-    a, b = np.meshgrid(values, values, indexing="ij")
-    return a.reshape(1, -1).copy(), b.reshape(1, -1).copy()
-
-
-def _random_params(rng, dtype):
-    info = np.iinfo(dtype)
-    scales = [float(np.float32(rng.uniform(0.001, 0.1))) for _ in range(3)]
-    zps = [int(rng.integers(info.min, info.max + 1)) for _ in range(3)]
-    return scales[0], zps[0], scales[1], zps[1], scales[2], zps[2]
-
-
 def _assert_every_pair_agrees(params, dtype):
-    a, b = _every_pair(dtype)
+    a, b = every_pair(dtype)
     info = np.iinfo(dtype)
     want = _onnxruntime_qlinear_add(a, b, params, dtype)
     got = qlinear_add_reference(a, b, *params, info.min, info.max)
@@ -73,7 +61,7 @@ def test_random_parameter_sets_agree_on_every_pair(dtype):
     """150 random parameter sets (the uncontracted form of ``fixed`` fails 6 of them)."""
     rng = np.random.default_rng(0)
     for _ in range(150):
-        _assert_every_pair_agrees(_random_params(rng, dtype), dtype)
+        _assert_every_pair_agrees(random_binary_params(rng, dtype), dtype)
 
 
 def test_the_zoo_models_adds_agree_on_every_pair():

@@ -23,6 +23,8 @@ from tessera.compiler.frontend.qlinear import (_fma, qlinear_add_reference, qlin
                                               qlinear_mul_reference)
 from tessera.runtime.cpu import run_cpu_steps
 
+from tests.compiler.qdq_models import every_pair, random_binary_params
+
 pytestmark = pytest.mark.skipif(
     platform.machine().lower() not in ("x86_64", "amd64"),
     reason="onnxruntime's QLinearMul on this CPU is MLAS's NEON kernel; the reference "
@@ -60,20 +62,6 @@ def _qlinear_mul_model(params, dtype, a_shape, b_shape):
     return helper.make_model(graph, opset_imports=_OPSETS)
 
 
-def _every_pair(dtype):
-    info = np.iinfo(dtype)
-    values = np.arange(info.min, info.max + 1).astype(dtype)
-    a, b = np.meshgrid(values, values, indexing="ij")
-    return a.reshape(1, -1).copy(), b.reshape(1, -1).copy()
-
-
-def _random_params(rng, dtype):
-    info = np.iinfo(dtype)
-    scales = [float(np.float32(rng.uniform(0.001, 0.1))) for _ in range(3)]
-    zps = [int(rng.integers(info.min, info.max + 1)) for _ in range(3)]
-    return scales[0], zps[0], scales[1], zps[1], scales[2], zps[2]
-
-
 def _first_difference(got, want, a, b, params) -> str:
     wrong = np.nonzero(got != want)
     if not wrong[0].size:
@@ -87,10 +75,10 @@ def _first_difference(got, want, a, b, params) -> str:
 @pytest.mark.parametrize("dtype", [np.int8, np.uint8], ids=["int8", "uint8"])
 def test_x86_qlinear_mul_every_pair_random_parameter_sets(dtype):
     rng = np.random.default_rng(0)
-    a, b = _every_pair(dtype)
+    a, b = every_pair(dtype)
     info = np.iinfo(dtype)
     for _ in range(40):
-        params = _random_params(rng, dtype)
+        params = random_binary_params(rng, dtype)
         want = _session(_qlinear_mul_model(params, dtype, list(a.shape), list(b.shape))).run(
             None, {"a": a, "b": b})[0].astype(np.int64)
         got = qlinear_mul_reference(a, b, *params, info.min, info.max)
@@ -102,7 +90,7 @@ def test_x86_qlinear_mul_every_pair_random_parameter_sets(dtype):
 def test_x86_qlinear_mul_has_no_fma(params):
     """Where an FMA would round differently, onnxruntime agrees with the separate
     multiply and add (so the test can fail: the FMA form differs here)."""
-    a, b = _every_pair(np.int8)
+    a, b = every_pair(np.int8)
     want = _session(_qlinear_mul_model(params, np.int8, list(a.shape), list(b.shape))).run(
         None, {"a": a, "b": b})[0].astype(np.int64)
     got = qlinear_mul_reference(a, b, *params, -128, 127)
@@ -120,7 +108,7 @@ def test_x86_qlinear_mul_scalar_b_every_pair(dtype):
     rng = np.random.default_rng(1)
     info = np.iinfo(dtype)
     a = np.arange(info.min, info.max + 1).astype(dtype).reshape(1, -1)
-    for params in [_random_params(rng, dtype) for _ in range(3)]:
+    for params in [random_binary_params(rng, dtype) for _ in range(3)]:
         session = _session(_qlinear_mul_model(params, dtype, list(a.shape), [1]))
         for value in range(info.min, info.max + 1):
             b = np.array([value], dtype)
@@ -169,7 +157,7 @@ def test_x86_qdq_mul_of_activations_fuses_to_onnxruntime_results(dtype, which):
     params = list(FMA_SENSITIVE[which])
     if dtype == np.uint8:
         params[1::2] = [v + 128 for v in params[1::2]]
-    a, b = _every_pair(dtype)
+    a, b = every_pair(dtype)
     model = _qdq_mul_model(tuple(params), dtype, None)
     want = _session(model).run(None, {"a": a, "b": b})[0].astype(np.int64)
     got = _run_fused_on_cpu(model, {"a": a, "b": b})
@@ -184,7 +172,7 @@ def test_x86_qdq_mul_by_a_constant_scalar_fuses_to_onnxruntime_results(dtype):
     a = np.resize(np.arange(info.min, info.max + 1).astype(dtype), (1, 65536))
     rng = np.random.default_rng(2)
     for _ in range(4):
-        params = _random_params(rng, dtype)
+        params = random_binary_params(rng, dtype)
         b = np.array(rng.integers(info.min, info.max + 1), dtype)
         model = _qdq_mul_model(params, dtype, b)
         want = _session(model).run(None, {"a": a})[0].astype(np.int64)
@@ -209,7 +197,7 @@ def test_x86_qdq_add_of_a_constant_is_qlinear_add(dtype):
     a = np.arange(info.min, info.max + 1).astype(dtype).reshape(1, -1)
     rng = np.random.default_rng(3)
     for _ in range(2):
-        params = _random_params(rng, dtype)
+        params = random_binary_params(rng, dtype)
         for value in range(info.min, info.max + 1):
             b = np.full(a.shape, value, dtype)
             model = _qdq_add_constant_model(params, dtype, np.array(value, dtype), a.shape)
@@ -225,7 +213,7 @@ def test_x86_qdq_add_of_a_constant_fuses_to_onnxruntime_results(dtype):
     info = np.iinfo(dtype)
     a = np.arange(info.min, info.max + 1).astype(dtype).reshape(1, -1)
     rng = np.random.default_rng(4)
-    params = _random_params(rng, dtype)
+    params = random_binary_params(rng, dtype)
     for value in (info.min, info.max, params[3], int(rng.integers(info.min, info.max + 1))):
         model = _qdq_add_constant_model(params, dtype, np.array(value, dtype), a.shape)
         want = _session(model).run(None, {"a": a})[0].astype(np.int64)
