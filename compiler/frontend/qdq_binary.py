@@ -131,15 +131,8 @@ def qmul_reference(a: np.ndarray, b: np.ndarray, attrs: Mapping[str, Any]) -> np
     """onnxruntime's QLinearMul (:func:`~.qlinear.qlinear_mul_reference`) of the stored
     operands of a fused QMul with attributes ``attrs``, on the model's values (uint8 for a
     node shifted from uint8, :mod:`.qshift`); int64, stored domain."""
-    from .qshift import model_domain
-
-    offset, p = model_domain(attrs)
-    dtype = np.uint8 if offset else a.dtype
-    a, b = ((v.astype(np.int64) + offset).astype(dtype) for v in (a, b))
-    y = qlinear_mul_reference(a, b, p["a_scale"], p["a_zero_point"], p["b_scale"],
-                              p["b_zero_point"], p["y_scale"], p["y_zero_point"],
-                              p["y_min"], p["y_max"])
-    return y - offset
+    from .qshift import on_model_values
+    return on_model_values(qlinear_mul_reference, a, b, attrs)
 
 
 def qmatmul_reference(a: np.ndarray, b: np.ndarray, attrs: Mapping[str, Any]) -> np.ndarray:

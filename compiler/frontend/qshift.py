@@ -42,7 +42,7 @@ from .graph import Graph, Node
 from .qdq import DOMAIN
 from .qlinear import qlinear_add_reference
 
-__all__ = ["MOVERS", "SHIFT", "model_domain", "qadd_reference", "shift_uint8_to_int8"]
+__all__ = ["MOVERS", "SHIFT", "model_domain", "on_model_values", "qadd_reference", "shift_uint8_to_int8"]
 
 #: uint8 value - SHIFT = the stored int8 value.
 SHIFT = 128
@@ -81,12 +81,19 @@ def qadd_reference(a: np.ndarray, b: np.ndarray, attrs: Mapping[str, Any]) -> np
     """onnxruntime's QLinearAdd (:func:`~.qlinear.qlinear_add_reference`) of the stored
     operands ``a`` and ``b`` of a fused QAdd with attributes ``attrs``, computed on the
     model's values (uint8 for a node shifted from uint8); int64, stored domain."""
+    return on_model_values(qlinear_add_reference, a, b, attrs)
+
+
+def on_model_values(reference, a: np.ndarray, b: np.ndarray,
+                    attrs: Mapping[str, Any]) -> np.ndarray:
+    """``reference(a, b, a_scale, a_zp, b_scale, b_zp, y_scale, y_zp, y_min, y_max)`` of
+    a fused binary node's stored operands, on the model's values (uint8 for a node
+    shifted from uint8), back in the stored domain (int64)."""
     offset, p = model_domain(attrs)
     dtype = np.uint8 if offset else a.dtype
     a, b = ((v.astype(np.int64) + offset).astype(dtype) for v in (a, b))
-    y = qlinear_add_reference(a, b, p["a_scale"], p["a_zero_point"], p["b_scale"],
-                              p["b_zero_point"], p["y_scale"], p["y_zero_point"],
-                              p["y_min"], p["y_max"])
+    y = reference(a, b, p["a_scale"], p["a_zero_point"], p["b_scale"], p["b_zero_point"],
+                  p["y_scale"], p["y_zero_point"], p["y_min"], p["y_max"])
     return y - offset
 
 

@@ -131,3 +131,22 @@ def random_binary_params(rng: np.random.Generator, dtype) -> tuple:
     scales = [float(np.float32(rng.uniform(0.001, 0.1))) for _ in range(3)]
     zps = [int(rng.integers(info.min, info.max + 1)) for _ in range(3)]
     return scales[0], zps[0], scales[1], zps[1], scales[2], zps[2]
+
+
+def qlinear_binary_model(op: str, params: tuple, dtype, a_shape: Sequence[int],
+                         b_shape: Sequence[int]) -> onnx.ModelProto:
+    """A model of one com.microsoft ``op`` (QLinearAdd, QLinearMul) of inputs ``a`` and
+    ``b`` with ``params`` = ``(a_scale, a_zp, b_scale, b_zp, y_scale, y_zp)``."""
+    sa, za, sb, zb, sy, zy = params
+    values = [("sa", sa, np.float32), ("za", za, dtype), ("sb", sb, np.float32),
+              ("zb", zb, dtype), ("sy", sy, np.float32), ("zy", zy, dtype)]
+    inits = [numpy_helper.from_array(np.array(v, t), n) for n, v, t in values]
+    node = helper.make_node(op, ["a", "sa", "za", "b", "sb", "zb", "sy", "zy"], ["y"],
+                            domain="com.microsoft")
+    t = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    graph = helper.make_graph(
+        [node], op, [helper.make_tensor_value_info("a", t, a_shape),
+                     helper.make_tensor_value_info("b", t, b_shape)],
+        [helper.make_tensor_value_info("y", t, a_shape)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                   helper.make_opsetid("com.microsoft", 1)])

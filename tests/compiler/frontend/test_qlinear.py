@@ -11,35 +11,22 @@ import platform
 import numpy as np
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 from tessera.compiler import zoo
 from tessera.compiler.frontend.onnx_import import import_onnx
 from tessera.compiler.frontend.qdq import fuse_qdq
 from tessera.compiler.frontend.qlinear import qlinear_add_reference
 
-from tests.compiler.qdq_models import every_pair, random_binary_params
+from tests.compiler.qdq_models import every_pair, qlinear_binary_model, random_binary_params
 
 pytestmark = pytest.mark.skipif(
     platform.machine().lower() not in ("x86_64", "amd64"),
     reason="onnxruntime's QLinearAdd on this CPU is MLAS's NEON fixed-point kernel; the "
            "golden model emulates the x86 (AVX2/AVX-512) float kernel")
 
-DTYPES = {np.int8: TensorProto.INT8, np.uint8: TensorProto.UINT8}
-
-
 def _onnxruntime_qlinear_add(a, b, params, dtype):
     """onnxruntime's com.microsoft QLinearAdd of ``a`` and ``b``."""
-    sa, za, sb, zb, sy, zy = params
-    values = [("sa", sa, np.float32), ("za", za, dtype), ("sb", sb, np.float32),
-              ("zb", zb, dtype), ("sy", sy, np.float32), ("zy", zy, dtype)]
-    inits = [numpy_helper.from_array(np.array(v, t), n) for n, v, t in values]
-    node = helper.make_node("QLinearAdd", ["a", "sa", "za", "b", "sb", "zb", "sy", "zy"],
-                            ["y"], domain="com.microsoft")
-    tensor = [helper.make_tensor_value_info(n, DTYPES[dtype], list(a.shape)) for n in "aby"]
-    graph = helper.make_graph([node], "qladd", tensor[:2], tensor[2:], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
-                                                    helper.make_opsetid("com.microsoft", 1)])
+    model = qlinear_binary_model("QLinearAdd", params, dtype, list(a.shape), list(a.shape))
     session = ort.InferenceSession(model.SerializeToString(),
                                    providers=["CPUExecutionProvider"])
     return session.run(None, {"a": a, "b": b})[0].astype(np.int64)

@@ -23,7 +23,7 @@ from tessera.compiler.frontend.qlinear import (_fma, qlinear_add_reference, qlin
                                               qlinear_mul_reference)
 from tessera.runtime.cpu import run_cpu_steps
 
-from tests.compiler.qdq_models import every_pair, random_binary_params
+from tests.compiler.qdq_models import every_pair, qlinear_binary_model, random_binary_params
 
 pytestmark = pytest.mark.skipif(
     platform.machine().lower() not in ("x86_64", "amd64"),
@@ -31,7 +31,6 @@ pytestmark = pytest.mark.skipif(
            "emulates the x86 (SSE2, run on AVX2 and AVX-512 too) kernel")
 
 DTYPES = {np.int8: TensorProto.INT8, np.uint8: TensorProto.UINT8}
-_OPSETS = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
 
 #: Parameter sets (a_scale, a_zp, b_scale, b_zp, y_scale, y_zp) where computing
 #: ``product * ratio + y_zp`` with an FMA would change 1 to 6 results: onnxruntime does not.
@@ -48,18 +47,7 @@ def _session(model) -> ort.InferenceSession:
 
 def _qlinear_mul_model(params, dtype, a_shape, b_shape):
     """com.microsoft QLinearMul of inputs ``a`` and ``b``."""
-    sa, za, sb, zb, sy, zy = params
-    values = [("sa", sa, np.float32), ("za", za, dtype), ("sb", sb, np.float32),
-              ("zb", zb, dtype), ("sy", sy, np.float32), ("zy", zy, dtype)]
-    inits = [numpy_helper.from_array(np.array(v, t), n) for n, v, t in values]
-    node = helper.make_node("QLinearMul", ["a", "sa", "za", "b", "sb", "zb", "sy", "zy"],
-                            ["y"], domain="com.microsoft")
-    t = DTYPES[dtype]
-    graph = helper.make_graph(
-        [node], "qlmul", [helper.make_tensor_value_info("a", t, a_shape),
-                          helper.make_tensor_value_info("b", t, b_shape)],
-        [helper.make_tensor_value_info("y", t, a_shape)], inits)
-    return helper.make_model(graph, opset_imports=_OPSETS)
+    return qlinear_binary_model("QLinearMul", params, dtype, a_shape, b_shape)
 
 
 def _first_difference(got, want, a, b, params) -> str:
