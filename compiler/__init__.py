@@ -28,21 +28,22 @@ from tessera.errors import CompileError, VerificationError
 from .accel.layout import (ActLayout, GroupBlocks, pack_activation, pack_conv_weights, pack_weights,
                      unpack_activation, unpack_conv_weights, unpack_weights)
 from .accel.nest import map_nest
-from .accel.ops import (AddConst, Bias, Clip, Conv2d, Dense, Eltwise, Pool2d, Requant, Residual, Shift,
-                  clip, relu, requantize)
+from .accel.ops import (AddConst, Apply, Bias, Clip, Conv2d, Dense, Eltwise, Pool2d, Requant,
+                        Residual, Shift, clip, relu, requantize)
 from .accel.packing import KernelPacking, choose_packing, pack_small_channel_convs
+from .accel.patterns import Match, Pattern, PatternContext, match_node
 from .accel.pool import tensorize_pool2d
 from .accel.roofline import Roofline, conv_roofline
 from .accel.sync import insert_dependency_tokens
 from .accel.verify import VerifyReport, verify_program
 
 __all__ = [
-    "ActLayout", "AddConst", "AluPlan", "Bias", "Clip", "CompileError", "CompiledProgram",
+    "ActLayout", "AddConst", "AluPlan", "Apply", "Match", "Pattern", "PatternContext", "Bias", "Clip", "CompileError", "CompiledProgram",
     "Conv2d", "ConvGeom", "ConvPlan", "Dense", "DramPlan", "Eltwise", "GroupBlocks",
     "KernelPacking", "Pool2d", "Requant", "Residual", "Roofline", "Shift", "VerificationError",
     "VerifyReport", "choose_packing", "clip", "compile_op", "compile_ops", "conv_roofline",
     "estimate_conv_cycles", "infer_shapes", "insert_dependency_tokens",
-    "map_nest", "pack_activation", "pack_conv_weights", "pack_small_channel_convs",
+    "map_nest", "match_node", "pack_activation", "pack_conv_weights", "pack_small_channel_convs",
     "pack_weights", "plan_alu_tiles", "plan_conv_tiles", "plan_dram", "plan_epilogue",
     "relu", "requantize", "tensorize_conv2d", "tensorize_eltwise", "tensorize_pool2d",
     "unpack_activation", "unpack_conv_weights", "unpack_weights", "verify_dram_plan",

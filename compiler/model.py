@@ -415,18 +415,17 @@ def _readers_after(graph) -> dict[str, list[int]]:
 
 def _compile_segment(graph, nodes, config: HwConfig, readers: dict[str, list[int]],
                      on_op) -> AccelStep:
-    """Lower a run of accelerator nodes, fuse residual adds, compile one program."""
-    from .accel.lower import fuse_add_into_conv, lower_node
+    """Lower a run of accelerator nodes, each into the epilogue of its producer where an
+    intrinsic pattern allows (residual adds, lookups), and compile one program."""
+    from .accel.lower import fuse_into_producer, lower_node
     ops: list[Op] = []
     members: dict[str, list[str]] = {}
     for node in nodes:
-        if node.op == "QAdd":
-            fused = _fuse_add(graph, node, ops, readers)
-            if fused is not None:
-                k, conv = fused
-                ops[k] = fuse_add_into_conv(conv, node)
-                members[ops[k].name].append(node.name)
-                continue
+        fused = fuse_into_producer(graph, node, config, ops, readers)
+        if fused is not None:
+            k, ops[k] = fused
+            members[ops[k].name].append(node.name)
+            continue
         op = lower_node(graph, node, config)
         ops.append(op)
         members[op.name] = [node.name]
@@ -442,25 +441,6 @@ def _compile_segment(graph, nodes, config: HwConfig, readers: dict[str, list[int
                           on_op=on_op)
     layers = [_layer_info(op, members[op.name], program, graph) for op in ops]
     return AccelStep("", program, inputs, outputs, layers, shapes)
-
-
-def _fuse_add(graph, add, ops: list[Op], readers: dict[str, list[int]]):
-    """``(index, op)`` of the convolution in ``ops`` the QAdd ``add`` can fuse into: it
-    writes one operand, nothing else reads that operand, and the other operand exists
-    before the convolution runs."""
-    produced_at = {op.output: k for k, op in enumerate(ops)}
-    best = None
-    for mine, other in ((0, 1), (1, 0)):
-        t = add.inputs[mine]
-        k = produced_at.get(t)
-        if k is None or not isinstance(ops[k], (Conv2d, Dense)) or len(readers.get(t, [])) != 1:
-            continue
-        j = produced_at.get(add.inputs[other])
-        if j is not None and j >= k:
-            continue
-        if best is None or k > best[0]:
-            best = (k, ops[k])
-    return best
 
 
 def _layer_info(op: Op, nodes: list[str], program: CompiledProgram, graph) -> LayerInfo:

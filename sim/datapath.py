@@ -48,6 +48,8 @@ class Datapath:
         self.wgt = np.zeros((c.wgt_depth, c.block_out, c.block_in), dtype=_INT[c.wgt_width])
         self.acc = np.zeros((c.acc_depth, c.batch, c.block_out), dtype=np.int32)
         self.out = np.zeros((c.out_depth, c.batch, c.block_out), dtype=_INT[c.out_width])
+        # The ALU table memory, a row of batch x block_out int8 entries per LOAD tbl element.
+        self.tbl = np.zeros((c.table_rows, c.batch * c.block_out), dtype=np.int8)
         self.dram = program.dram_image()
         self.segments = [(s.name, s.addr, s.end) for s in program.segments]
         self.gemm_ops = 0
@@ -57,7 +59,8 @@ class Datapath:
     # ----------------------------------------------------------------- DMA
     def _sram(self, mem: MemType) -> np.ndarray:
         return {MemType.UOP: self.uop, MemType.INP: self.inp, MemType.WGT: self.wgt,
-                MemType.ACC: self.acc, MemType.ACC8: self.acc, MemType.OUT: self.out}[mem]
+                MemType.ACC: self.acc, MemType.ACC8: self.acc, MemType.OUT: self.out,
+                MemType.TBL: self.tbl}[mem]
 
     def _dram_rows(self, insn: Load | Store, index: int) -> np.ndarray:
         """Byte indices ``(y_size, x_size * elem)`` of the DRAM rows, checked against the segments."""
@@ -91,7 +94,8 @@ class Datapath:
         self._check_sram(insn, rows * cols, index)
         sram = self._sram(insn.mem)
         raw = self.dram[self._dram_rows(insn, index)]
-        src_dtype = np.int8 if insn.mem == MemType.ACC8 else sram.dtype.newbyteorder("<")
+        src_dtype = np.int8 if insn.mem in (MemType.ACC8, MemType.TBL) \
+            else sram.dtype.newbyteorder("<")
         data = raw.view(src_dtype).reshape((insn.y_size, insn.x_size) + sram.shape[1:])
         # Pads: pad_value as a DRAM lane would carry it (wrapped to src_dtype), then widened.
         fill = np.array(insn.pad_value, dtype=np.int64).astype(src_dtype).astype(sram.dtype)
@@ -231,4 +235,6 @@ class Datapath:
     def _alu_batch(self, op, dst: np.ndarray, operand, s: slice) -> None:
         if s.stop > s.start:
             rows = dst[s]
-            self._write_acc(rows, op.apply(self.acc[rows], operand(s), self.config.acc_width))
+            table = self.tbl.reshape(-1) if op.reads_table else None
+            self._write_acc(rows, op.apply(self.acc[rows], operand(s), self.config.acc_width,
+                                           table=table))

@@ -62,6 +62,10 @@ class HwConfig:
     wgt_depth: int = 1024
     acc_depth: int = 2048
     out_depth: int = 2048
+    # The tensor ALU's table memory: int8 entries that ALU ops declaring ``reads_table``
+    # (a lookup-table activation, say) read per lane; loaded by ``LOAD tbl`` in rows of
+    # ``batch x block_out`` entries. 0 leaves the memory, and every op reading it, out.
+    table_entries: int = 1024
     # Queues: each module's command FIFO and each of the four dependency-token FIFOs.
     cmd_queue_depth: int = 512
     token_queue_depth: int = 1024
@@ -99,6 +103,12 @@ class HwConfig:
         for name, allowed in _SUPPORTED_WIDTHS.items():
             if getattr(self, name) not in allowed:
                 fail(f"{name} must be one of {allowed}, not {getattr(self, name)}")
+        lanes = self.batch * self.block_out
+        if self.table_entries and (self.table_entries & (self.table_entries - 1)
+                                   or self.table_entries < max(256, lanes)):
+            fail(f"table_entries must be 0 (no table memory) or a power of two >= "
+                 f"{max(256, lanes)} (a 256-entry table, whole rows of {lanes} lanes), "
+                 f"not {self.table_entries}")
         if self.acc_depth < ACC_BANKS:
             fail(f"acc_depth must be at least {ACC_BANKS} (the accumulator has {ACC_BANKS} "
                  f"banks), not {self.acc_depth}")
@@ -148,6 +158,11 @@ class HwConfig:
     def out_entry_bytes(self) -> int:
         """Bytes of one output-buffer entry (``batch x block_out`` outputs)."""
         return self.batch * self.block_out * self.out_width // 8
+
+    @property
+    def table_rows(self) -> int:
+        """Rows of the ALU table memory (``table_entries / (batch x block_out)``)."""
+        return self.table_entries // (self.batch * self.block_out)
 
     @property
     def uop_index_bits(self) -> int:

@@ -31,7 +31,7 @@ MODULE_NAMES = ("load", "compute", "store")
 Index = Union[tuple[int, int], np.ndarray]
 
 _SRAM_SPACE = {MemType.INP: "inp", MemType.WGT: "wgt", MemType.ACC: "acc", MemType.ACC8: "acc",
-               MemType.OUT: "acc"}
+               MemType.OUT: "acc", MemType.TBL: "tbl"}
 
 #: Which modules can touch each space (the others never conflict there).
 SPACE_MODULES = {"inp": (0, 1), "wgt": (0, 1), "acc": (1, 2)}
@@ -120,7 +120,8 @@ class AccessAnalyzer:
     # ------------------------------------------------------------ spaces
     def space_sizes(self) -> dict[str, int]:
         c = self.config
-        sizes = {"inp": c.inp_depth, "wgt": c.wgt_depth, "acc": c.acc_depth}
+        sizes = {"inp": c.inp_depth, "wgt": c.wgt_depth, "acc": c.acc_depth,
+                 "tbl": c.table_rows}
         sizes.update({f"dram:{name}": n for name, (_, n) in self.tracked.items()})
         return sizes
 
@@ -183,6 +184,8 @@ class AccessAnalyzer:
                 return a
             if isinstance(insn, Gemm) or ALU_OPS.get(insn.alu_op).timing.reads_dst:
                 a.reads.append(("acc", dst))
+            if isinstance(insn, Alu) and ALU_OPS.get(insn.alu_op).reads_table:
+                a.reads.append(("tbl", (0, self.config.table_rows)))
             if isinstance(insn, Gemm):
                 a.reads.append(("inp", nest_index(self.uop_src[u], insn.src_factor_out,
                                                   insn.iter_out, insn.src_factor_in,

@@ -43,6 +43,10 @@ class Emitter:
         #: Accumulator rows the previous operator's last tile used: the next operator starts
         #: its slot rotation elsewhere, so its first tile need not wait for that store.
         self.last_acc_rows: tuple[int, int] | None = None
+        #: Tables resident in the ALU table memory (their bytes -> first entry), and how
+        #: many were loaded (the next goes into slot ``count mod slots``).
+        self._tables: dict[bytes, int] = {}
+        self._tables_loaded = 0
         lay = self.isa.layouts[Opcode.LOAD]
         self.max_dma = {f: lay.field(f).hi for f in ("y_size", "x_size", "x_stride", "y_pad_0")}
 
@@ -65,6 +69,36 @@ class Emitter:
             raise CompileError(f"{place.segment}+{place.offset} is not aligned to the "
                                f"{eb}-byte elements of {mem.label}")
         return addr // eb
+
+    def table_base(self, table: np.ndarray) -> int:
+        """The first entry of ``table`` (int8 entries) in the ALU table memory.
+
+        A table is loaded (``LOAD tbl``, a compute-module instruction) the first time the
+        program needs it, into the next table-sized slot of the memory, round robin, so
+        the tables of the last few operators stay resident and a segment whose layers
+        share an activation loads it once. Overwriting a slot an earlier operator read is
+        safe: a LOAD waits for the tensor ALU to drain (it takes every compute unit).
+        """
+        key = table.tobytes()
+        if key in self._tables:
+            return self._tables[key]
+        c = self.config
+        lanes = c.batch * c.block_out
+        if not c.table_entries or table.size > c.table_entries or table.size % lanes:
+            raise CompileError(f"operator {self._op!r} needs a {table.size}-entry table: "
+                               f"config {c.name!r} has a table memory of {c.table_entries} "
+                               f"entries in rows of {lanes}", op=self._op)
+        slots = c.table_entries // table.size
+        base = (self._tables_loaded % slots) * table.size
+        self._tables_loaded += 1
+        self._tables = {k: b for k, b in self._tables.items() if b != base}
+        self._tables[key] = base
+        rows = table.reshape(-1, lanes).astype(np.int8)
+        seg = self.add_segment(f"{self._op}.table", rows)
+        self.emit(Load(mem=MemType.TBL, sram_base=base // lanes,
+                       dram_base=self.elem(Place(seg), MemType.TBL), y_size=1,
+                       x_size=rows.shape[0], x_stride=rows.shape[0]))
+        return base
 
     # -------------------------------------------------------- instructions
     def emit(self, *insns: Instruction) -> None:

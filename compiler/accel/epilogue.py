@@ -18,7 +18,11 @@ It picks the cheapest form of each stage:
   when that cannot overflow (so an int8 output with a zero point of -128 and
   a ReLU needs only the ADD: the store saturates at -128);
 * REQUANT with a per-tensor scale uses the immediate when the immediate field
-  holds the packed 32-bit parameter word.
+  holds the packed 32-bit parameter word;
+* an :class:`~.ops.Apply` of an intrinsic that reads the ALU table memory adds its table
+  to the plan's ``tables``; the emitter loads it once per program
+  (:meth:`~.emit.Emitter.table_base`) and the step's immediate becomes the table's
+  first entry plus the stage's value.
 
 Every step is exact: the result equals applying the stages in order with
 int32 arithmetic.
@@ -34,7 +38,8 @@ from tessera.isa import ALU_OPS, Opcode, clip_imm, get_isa
 from tessera.isa import Alu, Load, MemType, requant as rq
 
 from tessera.errors import CompileError
-from .ops import INT32_MAX, INT32_MIN, AddConst, Bias, Clip, Mul, Requant, Residual, Shift, Stage
+from .ops import (INT32_MAX, INT32_MIN, AddConst, Apply, Bias, Clip, Mul, Requant, Residual, Shift,
+                  Stage)
 from .emit import Emitter, Place
 from .nest import dim, map_nest
 
@@ -46,7 +51,8 @@ class EpStep:
     ``kind`` is ``"alu"`` (an ALU op with ``imm`` or the parameter vector
     ``param``) or ``"residual"`` (load ``tensor`` into scratch rows and add
     it; with ``op`` ``"MUL"`` the loaded rows are first multiplied by ``imm``
-    or ``param``).
+    or ``param``). ``table``: the index of the plan's table the op reads; ``imm`` is
+    then an offset from that table's first entry.
     """
 
     kind: str
@@ -54,6 +60,7 @@ class EpStep:
     imm: int | None = None
     param: int | None = None
     tensor: str = ""
+    table: int | None = None
 
 
 @dataclass
@@ -70,6 +77,10 @@ class EpiloguePlan:
     steps: list[EpStep] = field(default_factory=list)
     params: list[np.ndarray] = field(default_factory=list)
     init: EpStep | None = None
+    #: Tables (int8 entries) the steps look values up in, and where each is resident in
+    #: the ALU table memory (its first entry; filled when the operator is emitted).
+    tables: list[np.ndarray] = field(default_factory=list)
+    table_bases: list[int] = field(default_factory=list)
 
     @property
     def residuals(self) -> list[str]:
@@ -157,6 +168,8 @@ class _StageLowering:
                 self.mul(st)
             elif isinstance(st, AddConst):
                 self.add_const(st)
+            elif isinstance(st, Apply):
+                self.apply(st)
             elif isinstance(st, Clip):
                 if self.clip(st, stages[k + 1:]):
                     break
@@ -225,6 +238,21 @@ class _StageLowering:
         """An added constant (a zero point, say)."""
         self.alu("ADD", int(st.value))
         self.set_range(self.lo + int(st.value), self.hi + int(st.value))
+
+    def apply(self, st: Apply) -> None:
+        """A registered intrinsic: an immediate or parameter operand, or a table lookup."""
+        if st.op not in ALU_OPS:
+            raise CompileError(f"{self.where}: ALU op {st.op} is not registered "
+                               f"(registered: {', '.join(ALU_OPS.names())})")
+        if st.table is None:
+            self.alu(st.op, st.value)
+        else:
+            self.plan.tables.append(np.asarray(st.table, dtype=np.int8))
+            self.plan.steps.append(EpStep("alu", st.op, imm=int(st.value),
+                                          table=len(self.plan.tables) - 1))
+        lo, hi = st.out_range if st.out_range is not None else (INT32_MIN, INT32_MAX)
+        self.set_range(lo, hi)
+        self.wrapped = st.out_range is None
 
     def clip(self, st: Clip, rest: list[Stage]) -> bool:
         """Lower a clamp; True when it also lowered the trailing zero point ``rest[0]``."""
@@ -321,6 +349,10 @@ def reference_stages(acc: np.ndarray, stages: tuple[Stage, ...], channel_axis: i
                         st.hi if st.hi is not None else INT32_MAX)
         elif isinstance(st, AddConst):
             a = wrap(a + int(st.value))
+        elif isinstance(st, Apply):
+            table = None if st.table is None else np.asarray(st.table, dtype=np.int64)
+            a = ALU_OPS.by_name(st.op).apply(a, np.full(a.shape, st.value, np.int64),
+                                             table=table)
     return a
 
 
@@ -357,6 +389,7 @@ def emit_param_prologue(em: Emitter, op_name: str, ep: EpiloguePlan, ob_count: i
     Returns the first parameter row of each copy and each vector's row offset.
     """
     c = em.config
+    ep.table_bases = [em.table_base(t) for t in ep.tables]
     data, starts = param_rows_data(ep, ob_count, c)
     n = data.shape[0]
     tops = [(b + 1) * c.acc_bank_rows for b in range(2)] if banked else [c.acc_depth]
@@ -381,6 +414,8 @@ def tile_alu(em: Emitter, ep: EpiloguePlan, st: EpStep, *, acc_base: int, nb_n: 
     """One ALU step (an immediate or a parameter vector) over tile rows ``[nb][ob][pix]``."""
     op = ALU_OPS.by_name(st.op)
     use_imm = st.imm is not None
+    if st.table is not None:
+        st = replace(st, imm=ep.table_bases[st.table] + st.imm)
     rows = nb_n * ob_n * pixels
     if use_imm:
         dims = [dim("rows", rows, dst=1)]

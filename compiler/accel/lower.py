@@ -51,19 +51,20 @@ import numpy as np
 
 from tessera.config import HwConfig
 from tessera.errors import CompileError
-from tessera.isa import get_isa
+from tessera.isa import ALU_OPS, get_isa
 from tessera.isa.requant import requant_scale
 
 from ..frontend.graph import Graph, Node
 from .convtranspose import conv_transpose_phases
 from .ops import (INT32_MAX, INT32_MIN, AddConst, Clip, Concat, Conv2d, ConvTranspose2d, Dense,
-                  Eltwise, Mul, Op, Pool2d, Residual, Shift, Stage, requantize)
+                  Eltwise, Op, Pool2d, Residual, Shift, Stage, requantize)
 from ..frontend.qdq import DOMAIN
 from ..frontend.qlinear import qlinear_add_coefficients
 from ..frontend.qshift import SHIFT, qadd_reference
+from .patterns import match_node, patterns_of
 
 __all__ = ["AVERAGE_POOL_REASON", "accel_unsupported_reason", "convert_flattened_gemms",
-           "fuse_add_into_conv", "lower_node", "qlinear_add"]
+           "fuse_into_producer", "lower_node", "qadd_stages", "qlinear_add"]
 
 #: Why QAveragePool runs on the CPU (module doc).
 AVERAGE_POOL_REASON = ("onnxruntime averages dequantized float32 values (QLinearAveragePool): "
@@ -123,8 +124,6 @@ def accel_unsupported_reason(graph: Graph, node: Node, config: HwConfig) -> str 
                 "dense, add, max and global average pooling are)")
     if node.op == "QAveragePool":
         return AVERAGE_POOL_REASON
-    if node.op not in _LOWERINGS:
-        return f"{node.op} has no accelerator lowering; it runs on the CPU"
     dtypes = {graph.value(t).dtype for t in [*node.inputs[:1], *node.outputs]}
     if node.op == "QAdd":
         dtypes |= {graph.value(node.inputs[1]).dtype}
@@ -133,6 +132,8 @@ def accel_unsupported_reason(graph: Graph, node: Node, config: HwConfig) -> str 
                 f"{config.inp_width}-bit inputs, {config.out_width}-bit outputs), this node has "
                 f"{'/'.join(sorted(dtypes))}")
     shape = graph.value(node.inputs[0]).shape
+    if node.op not in _LOWERINGS:
+        return _pattern_reason(graph, node, config) or _batch_reason(shape, config)
     if node.op in ("QConv", "QGemm") and graph.value(node.inputs[1]).dtype != "int8":
         w = graph.value(node.inputs[1]).data
         return (f"its weights minus their zero points span [{w.min()}, {w.max()}], beyond the "
@@ -152,16 +153,24 @@ def accel_unsupported_reason(graph: Graph, node: Node, config: HwConfig) -> str 
             return "max pooling with dilation or ceil_mode is not lowered"
         if any(p >= k for p, k in zip(node.attrs["pads"], node.attrs["kernel_shape"] * 2)):
             return "a pooling window would see only padding"
-    elif node.op == "QAdd":
-        if graph.value(node.inputs[1]).shape != shape:
-            return "QAdd operands differ in shape"
-        if graph.value(node.inputs[1]).is_const:
-            return "an add of a constant runs on the CPU"
-        try:
-            _qadd_parts(node)
-        except CompileError as exc:
-            return str(exc)
     return _batch_reason(shape, config)
+
+
+def _pattern_reason(graph: Graph, node: Node, config: HwConfig) -> str | None:
+    """Why no intrinsic pattern of ``config`` lowers ``node`` (:mod:`.patterns`)."""
+    try:
+        found = match_node(graph, node, config)
+    except CompileError as exc:
+        return str(exc)
+    if found is not None:
+        return None
+    names = [op.name for op in ALU_OPS.available(config)
+             if any(p.node_op == node.op for p in patterns_of(op))]
+    if names:
+        return (f"no pattern of {', '.join(names)} matches this {node.op} (its intrinsics on "
+                f"config {config.name!r})")
+    return (f"no intrinsic of config {config.name!r} implements {node.op} (a plug-in with a "
+            "pattern for it would; see docs/extending.md)")
 
 
 def _batch_reason(shape: tuple[int, ...], config: HwConfig) -> str | None:
@@ -206,12 +215,55 @@ def _conv_transpose_reason(graph: Graph, node: Node, config: HwConfig) -> str | 
 
 # ------------------------------------------------------------------------ lowering
 def lower_node(graph: Graph, node: Node, config: HwConfig) -> Op:
-    """The accelerator operator computing ``node`` (see the module doc)."""
+    """The accelerator operator computing ``node`` (see the module doc): its own lowering,
+    or an elementwise operator running the stages of the intrinsic pattern that matches
+    it (:mod:`.patterns`)."""
     reason = accel_unsupported_reason(graph, node, config)
     if reason is not None:
         raise CompileError(f"{node.op} node {node.name!r} cannot run on the accelerator: "
                            f"{reason}", op=node.name)
-    return _LOWERINGS[node.op](graph, node)
+    if node.op in _LOWERINGS:
+        return _LOWERINGS[node.op](graph, node)
+    found = match_node(graph, node, config)
+    return Eltwise(node.name, found.intrinsic.lower(), node.inputs[found.value], node.outputs[0],
+                   epilogue=found.stages)
+
+
+def fuse_into_producer(graph: Graph, node: Node, config: HwConfig, ops: list[Op],
+                       readers: dict[str, list[int]]) -> tuple[int, Op] | None:
+    """``(index, fused op)`` when an intrinsic pattern's stages for ``node`` can join the
+    epilogue of an operator in ``ops``: it writes the pattern's value operand, nothing else
+    reads that tensor, and any other tensor the stages read (a residual) exists before it
+    runs. Of several candidates (either operand of an add), the operator computed last."""
+    if node.op in _LOWERINGS:
+        return None
+    produced_at = {op.output: k for k, op in enumerate(ops)}
+    best = None
+    for value, t in enumerate(node.inputs):
+        k = produced_at.get(t)
+        if k is None or len(readers.get(t, [])) != 1 or best is not None and k <= best[0]:
+            continue
+        try:
+            found = match_node(graph, node, config, value=value)
+        except CompileError:
+            continue
+        if found is None or not _can_take(ops[k], found, produced_at, k):
+            continue
+        best = (k, replace(ops[k], output=node.outputs[0],
+                           epilogue=(*ops[k].epilogue, *found.stages)))
+    return best
+
+
+def _can_take(op: Op, found, produced_at: dict[str, int], k: int) -> bool:
+    """Whether ``op`` (the ``k``-th operator) can run ``found``'s stages as its epilogue:
+    residual stages need a convolution's or dense layer's epilogue, and tensors computed
+    before it."""
+    if not hasattr(op, "epilogue"):
+        return False
+    if not found.residuals:
+        return True
+    return isinstance(op, (Conv2d, Dense)) and all(produced_at.get(t, -1) < k
+                                                   for t in found.residuals)
 
 
 def _output_stages(node: Node, scale: np.ndarray | float, bias: np.ndarray | None
@@ -365,50 +417,21 @@ def _add_magnitude(ra: float, rb: float, fixed: float, k: int) -> float:
     return 128 * (abs(ra) + abs(rb)) * scale + abs(fixed) * scale + 2 * scale
 
 
-def _qadd_parts(node: Node) -> tuple[int, tuple[Stage, ...]]:
-    """(A, stages) of QAdd ``node``, the residual stage reading its ``b`` input."""
-    a = node.attrs
+def qadd_stages(node: Node, value: int = 0) -> tuple[int, tuple[Stage, ...]]:
+    """``(A, stages)`` of QAdd ``node`` with input ``value`` in the accumulator (scaled by
+    ``A``) and the other as the scaled residual (:func:`qlinear_add`)."""
+    a = dict(node.attrs)
+    if value == 1:
+        for key in ("scale", "zero_point"):
+            a[f"a_{key}"], a[f"b_{key}"] = node.attrs[f"b_{key}"], node.attrs[f"a_{key}"]
     big_a, (res, *rest) = qlinear_add(a["a_scale"], a["a_zero_point"], a["b_scale"],
                                       a["b_zero_point"], a["y_scale"], a["y_zero_point"],
                                       a.get("y_min", -128), a.get("y_max", 127),
                                       bool(a.get("from_uint8", 0)))
-    return big_a, (replace(res, tensor=node.inputs[1]), *rest)
+    return big_a, (replace(res, tensor=node.inputs[1 - value]), *rest)
 
 
-def _lower_qadd(graph: Graph, node: Node) -> Eltwise:
-    big_a, stages = _qadd_parts(node)
-    return Eltwise(node.name, "mul", node.inputs[0], node.outputs[0], big_a, stages)
-
-
-def _swapped(node: Node) -> Node:
-    """QAdd ``node`` with its operands (and their parameters) exchanged."""
-    a = dict(node.attrs)
-    for key in ("scale", "zero_point"):
-        a[f"a_{key}"], a[f"b_{key}"] = node.attrs[f"b_{key}"], node.attrs[f"a_{key}"]
-    return Node(node.op, node.name, [node.inputs[1], node.inputs[0]], list(node.outputs), a,
-                node.domain)
-
-
-def fuse_add_into_conv(conv: Conv2d | Dense, add: Node) -> Conv2d | Dense:
-    """``conv`` (writing one operand of QAdd ``add``) with the add in its epilogue: the
-    stored int8 result of the conv (exact in the accumulator after its requantization) is
-    scaled, the other operand added as a scaled residual. The fused op writes the add's
-    output."""
-    node = add if add.inputs[0] == conv.output else _swapped(add)
-    if node.inputs[0] != conv.output or node.inputs[1] == conv.output:
-        raise CompileError(f"{conv.name!r} does not write exactly one operand of "
-                           f"{add.name!r}", op=add.name)
-    big_a, stages = _qadd_parts(node)
-    fused = (*conv.epilogue, Mul(big_a), *stages)
-    if isinstance(conv, Dense):
-        return Dense(conv.name, conv.input, node.outputs[0], conv.weight, epilogue=fused)
-    if isinstance(conv, ConvTranspose2d):
-        return replace(conv, output=node.outputs[0], epilogue=fused)
-    return Conv2d(conv.name, conv.input, node.outputs[0], conv.weight, stride=conv.stride,
-                  padding=conv.padding, dilation=conv.dilation, groups=conv.groups,
-                  epilogue=fused, pad_value=conv.pad_value)
-
-
+#: The nodes with an operator of their own; the others go through the intrinsics' patterns.
 _LOWERINGS = {"QConv": _lower_qconv, "QGemm": _lower_qgemm, "QMaxPool": _lower_qmaxpool,
-              "QGlobalAveragePool": _lower_qgap, "QAdd": _lower_qadd,
-              "QConvTranspose": _lower_qconv_transpose, "Concat": _lower_concat}
+              "QGlobalAveragePool": _lower_qgap, "QConvTranspose": _lower_qconv_transpose,
+              "Concat": _lower_concat}

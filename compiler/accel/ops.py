@@ -26,7 +26,9 @@ Epilogue stages act on the int32 accumulator of each output value:
 * :class:`Residual` ``acc += scale * r`` for a second tensor ``r`` of the output's shape;
 * :class:`Mul` ``acc *= value`` (wrapping; per tensor or per channel);
 * :class:`Clip` ``acc = min(max(acc, lo), hi)``; :func:`relu` is ``Clip(0, None)``;
-* :class:`AddConst` ``acc += value`` (an output zero point).
+* :class:`AddConst` ``acc += value`` (an output zero point);
+* :class:`Apply` ``acc = OP(acc, value)`` with any registered ALU intrinsic (a plug-in's
+  lookup table, say), the stage the intrinsics' compiler patterns produce.
 
 :func:`requantize` builds onnxruntime's QLinear output stage from these.
 """
@@ -104,7 +106,23 @@ class AddConst:
     value: int
 
 
-Stage = Union[Bias, Requant, Shift, Residual, Clip, AddConst, Mul]
+@dataclass(frozen=True, eq=False)
+class Apply:
+    """``acc = OP(acc, value)`` with the registered ALU intrinsic ``op``.
+
+    ``table``: ``op`` reads the ALU table memory; the table (int8 entries) is loaded with
+    the operator and ``value`` is added to its first entry's index (the operand the op
+    gets). ``out_range``: bounds of the result when known (a table's smallest and largest
+    entry), for the epilogue's range reasoning; ``None``: any int32.
+    """
+
+    op: str
+    value: int = 0
+    table: np.ndarray | None = None
+    out_range: tuple[int, int] | None = None
+
+
+Stage = Union[Bias, Requant, Shift, Residual, Clip, AddConst, Mul, Apply]
 
 
 def relu() -> Clip:

@@ -10,12 +10,12 @@ from .checks import check_instruction
 from .encoding import INSN_BITS, INSN_BYTES, Field, Isa, Layout, get_isa
 from .instructions import (DEP_FLAGS, Alu, Finish, Gemm, Instruction, Load, MemType, Opcode,
                            Store, Uop, module_of)
-from .intrinsics import (ALU_OPS, AluTiming, Intrinsic, IntrinsicRegistry, clip_imm,
-                         clip_operand, register_alu_op)
+from .intrinsics import (ALU_OPS, AluTiming, Intrinsic, IntrinsicRegistry, alu_op_available,
+                         clip_imm, clip_operand, register_alu_op, resolve)
 from .program import Program, Segment
 
 __all__ = [
-    "ALU_OPS", "Alu", "AluTiming", "DEP_FLAGS", "Field", "Finish", "Gemm", "INSN_BITS",
+    "ALU_OPS", "Alu", "AluTiming", "alu_op_available", "resolve", "DEP_FLAGS", "Field", "Finish", "Gemm", "INSN_BITS",
     "INSN_BYTES", "Instruction", "Intrinsic", "IntrinsicRegistry", "Isa", "Layout", "Load",
     "MemType", "Opcode", "Program", "Segment", "Store", "Uop", "check_instruction", "clip_imm",
     "clip_operand", "get_isa", "module_of", "register_alu_op",

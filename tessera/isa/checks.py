@@ -5,7 +5,7 @@ from ..config import HwConfig
 from ..errors import MalformedInstructionError
 from ..regmap import ErrorCode
 from .instructions import Alu, Instruction, Load, MemType, Store, module_of
-from .intrinsics import ALU_OPS
+from .intrinsics import ALU_OPS, alu_op_available
 
 #: Token flags each module may use: load has no previous module, store no next one.
 _ALLOWED_FLAGS = {
@@ -24,6 +24,9 @@ def check_instruction(insn: Instruction, config: HwConfig, index: int | None = N
     if isinstance(insn, Load) and insn.mem == MemType.OUT:
         fail("LOAD cannot write the output buffer (it mirrors the accumulator): "
              "load into acc or acc8 instead", ErrorCode.MEM_TYPE)
+    if isinstance(insn, Load) and insn.mem == MemType.TBL and not config.table_entries:
+        fail(f"config {config.name!r} has no ALU table memory (table_entries = 0): "
+             "LOAD tbl cannot run on it", ErrorCode.MEM_TYPE)
     if isinstance(insn, Store):
         if insn.mem != MemType.OUT:
             fail(f"STORE reads the output buffer only: mem must be out, not {insn.mem.label}",
@@ -41,5 +44,9 @@ def check_instruction(insn: Instruction, config: HwConfig, index: int | None = N
     if isinstance(insn, Alu) and not insn.reset and ALU_OPS.get(insn.alu_op) is None:
         fail(f"alu_op {insn.alu_op} is not a registered ALU op "
              f"(registered: {', '.join(f'{o.name}={o.opcode}' for o in ALU_OPS)})", ErrorCode.ALU_OP)
+    if isinstance(insn, Alu) and not insn.reset and not alu_op_available(
+            ALU_OPS.get(insn.alu_op), config):
+        fail(f"ALU op {ALU_OPS.get(insn.alu_op).name} reads the ALU table memory, which "
+             f"config {config.name!r} leaves out (table_entries = 0)", ErrorCode.ALU_OP)
     if hasattr(insn, "uop_end") and insn.uop_end < insn.uop_begin:
         fail(f"uop_end must be at least uop_begin ({insn.uop_begin}), not {insn.uop_end}")

@@ -172,7 +172,8 @@ class Isa:
         c = self.config
         return {MemType.UOP: self.uop_bytes, MemType.INP: c.inp_entry_bytes,
                 MemType.WGT: c.wgt_entry_bytes, MemType.ACC: c.acc_entry_bytes,
-                MemType.ACC8: c.batch * c.block_out, MemType.OUT: c.out_entry_bytes}[MemType(mem)]
+                MemType.ACC8: c.batch * c.block_out, MemType.OUT: c.out_entry_bytes,
+                MemType.TBL: c.batch * c.block_out}[MemType(mem)]
 
     def dram_span(self, insn: Load | Store) -> tuple[int, int] | None:
         """The DRAM bytes ``[lo, hi)`` a LOAD or STORE reads or writes: ``y_size`` rows of
@@ -190,7 +191,7 @@ class Isa:
         c = self.config
         return {MemType.UOP: c.uop_depth, MemType.INP: c.inp_depth, MemType.WGT: c.wgt_depth,
                 MemType.ACC: c.acc_depth, MemType.ACC8: c.acc_depth,
-                MemType.OUT: c.out_depth}[MemType(mem)]
+                MemType.OUT: c.out_depth, MemType.TBL: c.table_rows}[MemType(mem)]
 
     # ------------------------------------------------------- instructions
     def encode(self, insn: Instruction, *, index: int | None = None) -> int:

@@ -28,7 +28,10 @@ class MemType(IntEnum):
     """On-chip memories a LOAD or STORE moves data to or from.
 
     ``ACC8`` loads int8 data sign-extended into the accumulator (residual
-    adds, biases of narrow width). Codes 6..7 are reserved.
+    adds, biases of narrow width). ``TBL`` loads int8 entries into the tensor
+    ALU's table memory (``HwConfig.table_entries``), a row of ``batch x
+    block_out`` entries per element, every lane getting a copy: the tables ALU
+    ops with ``reads_table`` look values up in. Code 7 is reserved.
     """
 
     UOP = 0
@@ -37,6 +40,7 @@ class MemType(IntEnum):
     ACC = 3
     OUT = 4
     ACC8 = 5
+    TBL = 6
 
     @property
     def label(self) -> str:
@@ -51,6 +55,7 @@ DEP_FLAGS: tuple[str, ...] = ("pop_prev", "pop_next", "push_prev", "push_next")
 LOAD_MODULE: dict[MemType, str] = {
     MemType.INP: "load", MemType.WGT: "load",
     MemType.UOP: "compute", MemType.ACC: "compute", MemType.ACC8: "compute",
+    MemType.TBL: "compute",
 }
 
 

@@ -13,12 +13,24 @@ Semantics functions take ``a`` (the accumulator values at ``dst``) and ``b``
 (the operand: accumulator values at ``src``, or the immediate turned into a
 lane value by ``imm_to_operand``), both int64 arrays holding int32 values, and
 return int64. The result is wrapped to the accumulator width (two's
-complement), so an op that should saturate must do so itself.
+complement), so an op that should saturate must do so itself. An op declaring
+``reads_table`` also gets ``table``: the ALU table memory (``HwConfig.table_entries``
+int8 entries, loaded by ``LOAD tbl``) as a flat int64 array; a config without that
+memory leaves such ops out (:func:`alu_op_available`).
+
+Plug-ins: a package that registers intrinsics names a callable in the
+``tessera.intrinsics`` entry-point group (``[project.entry-points."tessera.intrinsics"]``
+in its pyproject); the registry calls each once, the first time it is read. The
+``hardware`` and ``patterns`` slots may hold a ``"module:attribute"`` reference instead
+of the object, resolved by the layer that uses it (:func:`resolve`), so registering an
+op imports neither Amaranth nor the compiler.
 """
 from __future__ import annotations
 
+import importlib
 from contextlib import contextmanager
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -87,7 +99,10 @@ class Intrinsic:
 
     ``hardware`` is the hook the Amaranth tensor ALU instantiates per lane
     (filled by the hardware layer); ``patterns`` are the graph patterns the
-    compiler may lower to this op (filled by the compiler layer).
+    compiler may lower to this op (filled by the compiler layer). Either may be a
+    ``"module:attribute"`` reference (module doc). ``reads_table``: the semantics take
+    the ALU table memory as a third argument, and the op exists only on configs with
+    one.
     """
 
     name: str
@@ -97,12 +112,37 @@ class Intrinsic:
     imm_to_operand: Callable[[int, int], int] = immediate_as_is
     doc: str = ""
     hardware: Any = None
-    patterns: tuple[Any, ...] = ()
+    patterns: Any = ()
+    reads_table: bool = False
 
-    def apply(self, a: np.ndarray, b: np.ndarray, acc_bits: int = 32) -> np.ndarray:
-        """``op(a, b)`` wrapped to ``acc_bits`` two's complement (int64 result)."""
-        result = np.asarray(self.semantics(a.astype(np.int64), b.astype(np.int64)), dtype=np.int64)
-        return wrap(result, acc_bits)
+    def apply(self, a: np.ndarray, b: np.ndarray, acc_bits: int = 32,
+              table: np.ndarray | None = None) -> np.ndarray:
+        """``op(a, b)`` (``op(a, b, table)`` for an op that ``reads_table``) wrapped to
+        ``acc_bits`` two's complement (int64 result)."""
+        args = [a.astype(np.int64), b.astype(np.int64)]
+        if self.reads_table:
+            if table is None:
+                raise RegistryError(f"ALU op {self.name} reads the table memory: pass table=")
+            args.append(np.asarray(table, dtype=np.int64))
+        return wrap(np.asarray(self.semantics(*args), dtype=np.int64), acc_bits)
+
+
+def alu_op_available(op: Intrinsic | None, config: Any) -> bool:
+    """Whether ``config``'s tensor ALU has ``op``: it is registered and, if it reads the
+    table memory, the config has one."""
+    return op is not None and (not op.reads_table or config.table_entries > 0)
+
+
+def resolve(ref: Any) -> Any:
+    """A hook slot's object: ``ref`` itself, or the attribute a ``"module:attribute"``
+    string names (imported now)."""
+    if not isinstance(ref, str):
+        return ref
+    module, _, attr = ref.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise RegistryError(f"cannot resolve the hook reference {ref!r}: {exc}") from None
 
 
 def wrap(values: np.ndarray, bits: int) -> np.ndarray:
@@ -123,6 +163,31 @@ class IntrinsicRegistry:
         self.unit = unit
         self.opcode_bits = opcode_bits
         self._by_opcode: dict[int, Intrinsic] = {}
+        self._plugin_group: str | None = None
+
+    def plugins_from(self, group: str) -> None:
+        """Load the plug-ins of entry-point ``group`` the first time the registry is read."""
+        self._plugin_group = group
+
+    def load_plugins(self) -> None:
+        """Call every registration function of the entry-point group, once (module doc).
+
+        A plug-in that fails to load is an error naming it: a half-registered ISA would
+        make programs decode differently from what their compiler meant."""
+        group, self._plugin_group = self._plugin_group, None
+        if group is None:
+            return
+        for ep in sorted(entry_points(group=group), key=lambda e: e.name):
+            try:
+                ep.load()()
+            except Exception as exc:
+                raise RegistryError(f"{self.unit} plug-in {ep.name!r} ({ep.value}) failed to "
+                                    f"register: {exc}") from exc
+
+    @property
+    def _ops(self) -> dict[int, Intrinsic]:
+        self.load_plugins()
+        return self._by_opcode
 
     def register(self, op: Intrinsic, *, replace: bool = False) -> Intrinsic:
         limit = 1 << self.opcode_bits
@@ -133,7 +198,7 @@ class IntrinsicRegistry:
             raise RegistryError(f"{self.unit} op name must be an upper-case identifier, "
                                 f"not {op.name!r}")
         named = self.by_name(op.name, default=None)
-        clash = self._by_opcode.get(op.opcode)
+        clash = self._ops.get(op.opcode)
         if not replace:
             if named is not None:
                 raise RegistryError(f"{self.unit} op {op.name} is already registered "
@@ -143,19 +208,19 @@ class IntrinsicRegistry:
                                     f"free opcodes: {self.free_opcodes()}")
         for old in (named, clash):
             if old is not None:
-                self._by_opcode.pop(old.opcode, None)
-        self._by_opcode[op.opcode] = op
+                self._ops.pop(old.opcode, None)
+        self._ops[op.opcode] = op
         return op
 
     def unregister(self, name: str) -> None:
         op = self.by_name(name)
-        del self._by_opcode[op.opcode]
+        del self._ops[op.opcode]
 
     def get(self, opcode: int) -> Intrinsic | None:
-        return self._by_opcode.get(opcode)
+        return self._ops.get(opcode)
 
     def by_name(self, name: str, default: Any = KeyError) -> Intrinsic:
-        for op in self._by_opcode.values():
+        for op in self._ops.values():
             if op.name == name.upper():
                 return op
         if default is KeyError:
@@ -165,16 +230,20 @@ class IntrinsicRegistry:
     def names(self) -> list[str]:
         return [op.name for op in self]
 
+    def available(self, config: Any) -> list[Intrinsic]:
+        """The registered ops ``config``'s tensor ALU has (:func:`alu_op_available`)."""
+        return [op for op in self if alu_op_available(op, config)]
+
     def free_opcodes(self) -> list[int]:
-        return [i for i in range(1 << self.opcode_bits) if i not in self._by_opcode]
+        return [i for i in range(1 << self.opcode_bits) if i not in self._ops]
 
     def __iter__(self) -> Iterator[Intrinsic]:
-        return iter(sorted(self._by_opcode.values(), key=lambda op: op.opcode))
+        return iter(sorted(self._ops.values(), key=lambda op: op.opcode))
 
     def __contains__(self, key: str | int) -> bool:
         """``"MAX" in ALU_OPS`` or ``1 in ALU_OPS`` (by name or by opcode)."""
         if isinstance(key, int):
-            return key in self._by_opcode
+            return key in self._ops
         return self.by_name(key, default=None) is not None
 
     @contextmanager
@@ -265,3 +334,6 @@ for _op in (
                   "32-bit immediate field"),
 ):
     register_alu_op(_op)
+
+#: After the built-ins, so a plug-in sees them (and cannot take their opcodes).
+ALU_OPS.plugins_from("tessera.intrinsics")

@@ -1225,3 +1225,79 @@ def test_overlap_beside_a_push_blocked_on_a_full_queue():
     assert (got[:rows] == 0).all() and (got[bank:bank + rows] == -5).all()
     # the store module's long STORE kept the queue full: compute waited on it
     assert res.stats.modules["compute"].wait_queue > 0
+
+
+# ------------------------------------------------ the table memory and the LUT plug-in
+def run_lut(cfg, a, tables, *, base=None, bases=None):
+    """``LOAD tbl`` of ``tables`` (flat int8 entries from entry 0), then LUT over acc rows
+    0..n-1 holding ``a``: with the immediate ``base``, or with per-lane ``bases`` (rows
+    n..2n-1, the tensor form). Returns the final accumulator rows 0..n-1 and the output."""
+    from tessera.isa import ALU_OPS
+    lanes = cfg.batch * cfg.block_out
+    rows = np.asarray(tables, dtype=np.int8).reshape(-1, lanes)
+    n = a.shape[0]
+    acc0 = a if bases is None else np.concatenate([a, bases])
+    lut = ALU_OPS.by_name("LUT").opcode
+    if bases is None:
+        insn = Alu(alu_op=lut, use_imm=True, imm=base, uop_begin=0, uop_end=1, iter_out=n,
+                   dst_factor_out=1)
+        uop = Uop(dst=0)
+    else:
+        insn = Alu(alu_op=lut, uop_begin=0, uop_end=1, iter_out=n, dst_factor_out=1,
+                   src_factor_out=1)
+        uop = Uop(dst=0, src=n)
+    prog = single_shot(
+        cfg, uops=[uop],
+        segments={"tbl": rows, "acc": acc_entries(cfg, acc0), "out": out_bytes(cfg, n)},
+        compute=[load("tbl", MemType.TBL, x_size=rows.shape[0]),
+                 load("acc", MemType.ACC, x_size=acc0.shape[0]), insn],
+        stores=[store("out", x_size=n)])
+    result = run(prog)
+    return result.datapath.acc[:n].astype(np.int64), read_out(result, "out", cfg, n)
+
+
+def lut_reference(a, bases, tables):
+    """``tables[(base + (a & 0xFF)) mod entries]``, written out per lane."""
+    flat = np.asarray(tables, dtype=np.int64).reshape(-1)
+    out = np.empty(a.shape, dtype=np.int64)
+    for idx in np.ndindex(a.shape):
+        out[idx] = flat[(int(bases[idx]) + (int(a[idx]) & 0xFF)) % flat.size]
+    return out
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=CFG_IDS)
+def test_lut_immediate_looks_up_every_byte(cfg):
+    """Every int8 value (and wider values, whose low byte counts) through the second of
+    the config's resident tables."""
+    rng = rng_for("lut-i", cfg.name)
+    tables = rng.integers(-128, 128, cfg.table_entries).astype(np.int8)
+    lanes = cfg.batch * cfg.block_out
+    values = np.concatenate([np.arange(-128, 128), [I32_MIN, I32_MAX, 1000, -1000]])
+    values = np.resize(values, -(-values.size // lanes) * lanes)
+    a = acc_entries(cfg, values).astype(np.int64)
+    final, out = run_lut(cfg, a, tables, base=256)
+    assert_array_equal(final, lut_reference(a, np.full(a.shape, 256), tables))
+    assert_array_equal(out, sat8(final))
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=CFG_IDS)
+def test_lut_tensor_operand_picks_a_table_per_lane(cfg):
+    rng = rng_for("lut-t", cfg.name)
+    tables = rng.integers(-128, 128, cfg.table_entries).astype(np.int8)
+    n = 4
+    a = rng.integers(-300, 300, (n, cfg.batch, cfg.block_out))
+    bases = rng.integers(0, cfg.table_entries // 256, a.shape) * 256 + rng.integers(0, 3, a.shape)
+    final, _ = run_lut(cfg, a, tables, bases=bases)
+    assert_array_equal(final, lut_reference(a, bases, tables))
+
+
+def test_lut_and_table_loads_need_the_table_memory():
+    from tessera.errors import MalformedInstructionError
+    from tessera.isa import ALU_OPS, check_instruction
+    bare = TINY.replace(name="tiny-notable", table_entries=0)
+    with pytest.raises(MalformedInstructionError, match="no ALU table memory"):
+        check_instruction(Load(mem=MemType.TBL, x_size=1, y_size=1, x_stride=1), bare, 3)
+    lut = Alu(alu_op=ALU_OPS.by_name("LUT").opcode, use_imm=True, uop_end=1)
+    with pytest.raises(MalformedInstructionError, match="LUT reads the ALU table memory"):
+        check_instruction(lut, bare, 4)
+    assert "LUT" not in [op.name for op in ALU_OPS.available(bare)]

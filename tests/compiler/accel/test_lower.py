@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from tessera.compiler import compile_ops, zoo
 from tessera.compiler.accel.epilogue import reference_stages
 from tessera.compiler.accel.lower import (AVERAGE_POOL_REASON, accel_unsupported_reason,
-                                          convert_flattened_gemms, fuse_add_into_conv,
+                                          convert_flattened_gemms, fuse_into_producer,
                                           lower_node, qlinear_add)
 from tessera.compiler.frontend.onnx_import import import_onnx
 from tessera.compiler.accel.ops import Conv2d, Eltwise, Pool2d
@@ -89,8 +89,9 @@ def test_residual_adds_fuse_into_either_convolution() -> None:
         for operand in add.inputs:
             producer = graph.producer(operand)
             if producer is not None and producer.op == "QConv":
-                op = fuse_add_into_conv(lower_node(graph, producer, cfg), add)
-                assert op.output == add.outputs[0]
+                conv = lower_node(graph, producer, cfg)
+                k, op = fuse_into_producer(graph, add, cfg, [conv], {operand: [1]})
+                assert k == 0 and op.output == add.outputs[0]
                 np.testing.assert_array_equal(_run_alone(op, env, cfg), env[add.outputs[0]])
                 fused += 1
     assert fused >= len(adds)
@@ -154,11 +155,14 @@ def test_an_add_with_no_exact_fixed_point_form_runs_on_the_cpu() -> None:
     assert placed[add.name].target == "cpu" and "fixed-point" in placed[add.name].reason
 
 
-def test_qadd_standalone_is_an_eltwise_multiply_with_a_scaled_residual() -> None:
+def test_qadd_standalone_is_the_add_pattern_multiply_and_scaled_residual() -> None:
+    """A QAdd outside a conv's epilogue runs the ADD intrinsic's pattern on its own:
+    ``A*a`` then the scaled residual ``b`` (tessera.compiler.accel.builtin_patterns)."""
     graph, env = _fused("small_resnet")
     add = next(n for n in graph.nodes if n.op == "QAdd")
     op = lower_node(graph, add, get_config("pynq"))
-    assert isinstance(op, Eltwise) and op.op == "mul"
+    assert isinstance(op, Eltwise) and op.op == "add" and op.b is None
+    assert [type(s).__name__ for s in op.epilogue[:2]] == ["Mul", "Residual"]
     np.testing.assert_array_equal(_run_alone(op, env, get_config("pynq")), env[add.outputs[0]])
 
 
