@@ -218,22 +218,32 @@ def compile_model(model: Any, config: HwConfig | str | None = None, *,
                   calibration: Sequence[Mapping[str, np.ndarray]] | None = None,
                   input_shapes: Mapping[str, Sequence[int]] | None = None,
                   force_cpu: Sequence[str] = (), host=None,
-                  progress: Progress | None = None) -> CompiledModel:
+                  progress: Progress | None = None, activations: str = "exact",
+                  pieces: int | None = None, tolerance: float | None = None) -> CompiledModel:
     """Compile an ONNX model (``ModelProto``, path or bytes) for ``config``.
 
     A float model needs ``calibration`` (a list of input feeds) to be quantized; an int8
     QDQ model compiles as it is. ``force_cpu`` keeps the named nodes (of the fused graph,
     see :attr:`CompiledModel.placements`) on the CPU; ``host`` is the
     :class:`~.placement.cost.HostCost` the placement assumes. ``progress(stage, done, total)``
-    is called as compilation advances.
+    is called as compilation advances. ``activations="approximate"`` with ``pieces`` or
+    ``tolerance`` approximates the activations no exact intrinsic of ``config`` runs
+    (:func:`~.accel.builtin_patterns.mark_approximate_activations`), fitted to their
+    inputs' distribution on the calibration data.
     """
     from .placement.cost import HostCost
 
     t0 = time.perf_counter()
     cfg = get_config(config)
     report = progress or (lambda stage, done, total: None)
+    if activations not in ("exact", "approximate"):
+        raise CompileError(f"activations must be 'exact' or 'approximate', not {activations!r}",
+                           fix={PYTHON: "activations='approximate' with pieces=K or tolerance=T",
+                                CLI: "--activations approximate --pieces K (or --tolerance T)"})
     graph, reference = import_quantized(model, input_shapes, calibration, report)
     fuse_integer_nodes(graph)
+    if activations == "approximate":
+        approximate_activations(graph, cfg, reference, calibration, pieces, tolerance)
     placements, steps, runs = place_and_compile(graph, cfg, host or HostCost(), force_cpu,
                                                 report)
     counts = {t: sum(p.target == t for p in placements) for t in ("accelerator", "cpu", "view")}
@@ -243,6 +253,45 @@ def compile_model(model: Any, config: HwConfig | str | None = None, *,
                              {"nodes": counts, "segments": len(runs)}, reference)
     report("done", 1, 1)
     return compiled
+
+
+def approximate_activations(graph, config: HwConfig, reference, calibration,
+                            pieces: int | None, tolerance: float | None) -> int:
+    """Mark the lookups ``config`` has no exact intrinsic for to be approximated, each
+    fitted to the byte histogram of its input over the calibration feeds (onnxruntime on
+    the reference QDQ model; uniform for a QDQ model compiled without calibration)."""
+    from .accel.builtin_patterns import mark_approximate_activations
+    names = [n.inputs[0] for n in graph.nodes if n.op == "QLookup"]
+    return mark_approximate_activations(graph, config, pieces=pieces, tolerance=tolerance,
+                                        histograms=_byte_histograms(reference, calibration,
+                                                                    names))
+
+
+def _byte_histograms(reference, calibration, names: Sequence[str]) -> dict[str, np.ndarray]:
+    """Counts of each byte of the 8-bit tensors ``names`` of the reference model over the
+    calibration feeds, in the order of the stored int8 tensor's bytes (a uint8 tensor's
+    byte ``u`` is the shifted int8 ``u - 128``, byte ``u ^ 0x80``)."""
+    import onnx
+    import onnxruntime as ort
+
+    produced = {t for node in reference.graph.node for t in node.output}
+    wanted = [n for n in dict.fromkeys(names) if n in produced]
+    if not calibration or not wanted:
+        return {}
+    model = onnx.ModelProto()
+    model.CopyFrom(reference)
+    model.graph.output.extend(onnx.helper.make_empty_tensor_value_info(n) for n in wanted)
+    session = ort.InferenceSession(model.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    counts = {n: np.zeros(256, np.float64) for n in wanted}
+    for feed in calibration:
+        for name, value in zip(wanted, session.run(wanted, dict(feed))):
+            value = np.asarray(value)
+            byte = value.view(np.uint8).ravel()
+            if value.dtype == np.uint8:
+                byte = byte ^ 0x80
+            counts[name] += np.bincount(byte, minlength=256)
+    return counts
 
 
 def import_quantized(model: Any, input_shapes, calibration, report: Progress):
@@ -313,8 +362,10 @@ def fuse_integer_nodes(graph) -> None:
     remove_identity(graph)
     fold_batch_norm(graph)
     lift_global_pools(graph)
-    fuse_qdq(graph)
+    # Before fuse_qdq: a SiLU's Mul must still be DQ -> Mul -> Q (not a QMul) for the
+    # whole activation to become one table.
     tabulate_quantized_activations(graph)
+    fuse_qdq(graph)
     convert_flattened_gemms(graph)
     graph.remove_unused()
     graph.verify()

@@ -30,20 +30,26 @@ __all__ = ["HwConfig", "PRESETS", "TesseraError", "compile", "get_config", "load
 def compile(model: Any, target: str | HwConfig = "pynq", *,
             calibration: Sequence[Mapping[str, Any]] | None = None,
             input_shapes: Mapping[str, Sequence[int]] | None = None,
-            force_cpu: Sequence[str] = (), host: Any = None, progress: Any = None) -> "Model":
+            force_cpu: Sequence[str] = (), host: Any = None, progress: Any = None,
+            activations: str = "exact", pieces: int | None = None,
+            tolerance: float | None = None) -> "Model":
     """Compile an ONNX model (``ModelProto``, path or bytes) for the config ``target``.
 
     A float model is quantized to int8 from ``calibration`` (a list of input feeds);
     an int8 QDQ model compiles as it is. ``force_cpu`` keeps named nodes off the
     accelerator; ``host`` (a :class:`~tessera.compiler.placement.cost.HostCost`) is what the
-    placement assumes of the host CPU. Returns a :class:`~tessera.runtime.executor.Model`
+    placement assumes of the host CPU. ``activations="approximate"`` (with ``pieces=K`` or
+    ``tolerance=T`` LSBs) runs activations the config has no exact intrinsic for as sums of
+    shifted ReLUs on the accelerator (it changes results; ``"exact"`` by default). Returns a
+    :class:`~tessera.runtime.executor.Model`
     (``run``, ``save``, ``summary``). See :func:`tessera.compiler.model.compile_model`.
     """
     from .compiler.model import compile_model
     from .runtime.executor import Model
     return Model(compile_model(model, target, calibration=calibration,
                                input_shapes=input_shapes, force_cpu=force_cpu, host=host,
-                               progress=progress))
+                               progress=progress, activations=activations, pieces=pieces,
+                               tolerance=tolerance))
 
 
 def load(path: Any) -> "Model":

@@ -83,7 +83,8 @@ def _compile(args: argparse.Namespace):
     try:
         return compile_model(proto, args.config, calibration=_calibration(args, proto, shapes),
                              input_shapes=shapes, force_cpu=args.force_cpu or (),
-                             progress=bar)
+                             progress=bar, activations=args.activations, pieces=args.pieces,
+                             tolerance=args.tolerance)
     finally:
         bar.close()
 
@@ -457,6 +458,15 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                    help="fix dynamic input dimensions")
     p.add_argument("--force-cpu", nargs="+", action=_Items, metavar="NODE",
                    help="keep nodes on the CPU")
+    p.add_argument("--activations", choices=("exact", "approximate"), default="exact",
+                   help="approximate: run activations the config has no exact intrinsic for "
+                        "(no LUT) as sums of shifted ReLUs on the accelerator; changes "
+                        "results (default exact)")
+    p.add_argument("--pieces", type=_positive, metavar="K",
+                   help="with --activations approximate: shifted ReLUs per activation")
+    p.add_argument("--tolerance", type=float, metavar="LSB",
+                   help="with --activations approximate: the fewest pieces whose max error "
+                        "is at most LSB output steps")
 
 
 def _run_args(p: argparse.ArgumentParser) -> None:

@@ -112,10 +112,11 @@ def tile_slots(em: Emitter, out: tuple[int, int, int, int], plan: AluPlan, slot:
 
 def emit_tile_epilogue(em: Emitter, ep: EpiloguePlan, t: AluTile, acc_base: int, *,
                        param_base: int, param_starts: list[int], scratch_base: int,
-                       out_layout: ActLayout, out_elem: int,
+                       scratch_stride: int, out_layout: ActLayout, out_elem: int,
                        residuals: dict[str, TensorInfo], where: str) -> None:
-    """Emit the epilogue of tile ``t`` (rows from ``acc_base``; residual tensors, looked up
-    in ``residuals``, load into ``scratch_base``) and the tile's stores."""
+    """Emit the epilogue of tile ``t`` (rows from ``acc_base``; its scratch groups
+    ``scratch_stride`` rows apart from ``scratch_base``, where residual tensors, looked up in
+    ``residuals``, load) and the tile's stores."""
     c = em.config
 
     def residual_loads(name: str, rbase: int) -> list[Load]:
@@ -126,7 +127,7 @@ def emit_tile_epilogue(em: Emitter, ep: EpiloguePlan, t: AluTile, acc_base: int,
     emit_epilogue(em, ep, acc_base=acc_base, nb_n=t.nb1 - t.nb0, ob_n=t.cb1 - t.cb0,
                   pixels=t.pixels, ob0=t.cb0, param_base=param_base,
                   param_starts=param_starts, scratch_base=scratch_base,
-                  residual_loads=residual_loads, where=where)
+                  scratch_stride=scratch_stride, residual_loads=residual_loads, where=where)
     em.emit(*tile_stores(em, out_layout, out_elem, acc_base, t))
 
 

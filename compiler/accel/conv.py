@@ -467,7 +467,7 @@ class ConvTensorizer:
                           nb_n=t.nb1 - t.nb0 if nb is None else 1, ob_n=ob_ - oa, pixels=px,
                           ob0=oa, param_base=self.params_of(s.acc_slot),
                           param_starts=self.param_starts,
-                          scratch_base=acc_base + R * rows + offset,
+                          scratch_base=acc_base + R * rows + offset, scratch_stride=rows,
                           residual_loads=partial(self._residual_loads, t,
                                                  _image_blocks(t, nb), oa, ob_),
                           where=self.where)

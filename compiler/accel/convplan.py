@@ -457,7 +457,7 @@ def conv_plan_fits(g: ConvGeom, p: ConvPlan, config: HwConfig, ep: EpiloguePlan)
     else:
         acc_slot = max(tile_replicas(config, g, a, b, c * d) * a * b * c * d
                        for a, b, c, d in tile_shapes(g, p))
-    acc_slot += t_rows if ep.residuals else 0
+    acc_slot += t_rows * len(ep.scratch_groups)
     inp_slot = max_input_entries(g, p)
     wgt_slot = p.ob_t * p.j_t * g.khkw
     params = ep.param_rows(g.OB)

@@ -149,10 +149,10 @@ class _EltwiseLowering:
 
     def slot_rows(self, nb_t: int, cb_t: int, oh_t: int, ow_t: int) -> int:
         """Accumulator rows of a tile: its output rows, then ``b``'s rows (a tensor or full
-        constant) and the residual scratch rows."""
+        constant) and the epilogue's scratch groups."""
         rows = nb_t * cb_t * oh_t * ow_t
         extra = rows if self.b.kind in ("tensor", "full") else 0
-        return rows + extra + (rows if self.ep.residuals else 0)
+        return rows + extra + rows * len(self.ep.scratch_groups)
 
     def plan_tiles(self, threads: int) -> AluPlan:
         """The largest tiles whose ``threads`` slots fit beside the parameter rows."""
@@ -177,7 +177,8 @@ class _EltwiseLowering:
             em.emit(*self._op_insns(t, base, scratch=base + rows))
             emit_tile_epilogue(em, ep, t, base, param_base=self.param_base,
                                param_starts=self.param_starts,
-                               scratch_base=base + slot - rows if ep.residuals else base + rows,
+                               scratch_base=base + slot - rows * len(ep.scratch_groups),
+                               scratch_stride=rows,
                                out_layout=self.out.layout, out_elem=out_elem,
                                residuals=self.tensors, where=self.where)
         em.end_op()

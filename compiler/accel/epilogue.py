@@ -40,6 +40,7 @@ from tessera.isa import Alu, Load, MemType, requant as rq
 from tessera.errors import CompileError
 from .ops import (INT32_MAX, INT32_MIN, AddConst, Apply, Bias, Clip, Mul, Requant, Residual, Shift,
                   Stage)
+from .relu_sum import ReluSum, alu_program
 from .emit import Emitter, Place
 from .nest import dim, map_nest
 
@@ -61,6 +62,11 @@ class EpStep:
     param: int | None = None
     tensor: str = ""
     table: int | None = None
+    #: The rows the step writes, and the rows its tensor operand reads (``None``: the
+    #: immediate or ``param``): ``"acc"`` (the tile's own rows) or a scratch group of the
+    #: tile's shape (``"S"``, ``"T"``: a sum of shifted ReLUs builds its terms there).
+    dst: str = "acc"
+    src: str | None = None
 
 
 @dataclass
@@ -85,6 +91,17 @@ class EpiloguePlan:
     @property
     def residuals(self) -> list[str]:
         return [s.tensor for s in self.steps if s.kind == "residual"]
+
+    @property
+    def scratch_groups(self) -> list[str]:
+        """The scratch row groups the steps use, each as many rows as the tile, in the
+        order they lie after ``scratch_base``: ``"R"`` (residual loads) first."""
+        groups = ["R"] if self.residuals else []
+        for st in self.steps:
+            for g in (st.dst, st.src):
+                if g not in (None, "acc") and g not in groups:
+                    groups.append(g)
+        return groups
 
     def param_rows(self, ob_count: int) -> int:
         """Accumulator rows the parameter vectors take (per-channel vectors: one per block)."""
@@ -170,6 +187,8 @@ class _StageLowering:
                 self.add_const(st)
             elif isinstance(st, Apply):
                 self.apply(st)
+            elif isinstance(st, ReluSum):
+                self.relu_sum(st)
             elif isinstance(st, Clip):
                 if self.clip(st, stages[k + 1:]):
                     break
@@ -253,6 +272,22 @@ class _StageLowering:
         lo, hi = st.out_range if st.out_range is not None else (INT32_MIN, INT32_MAX)
         self.set_range(lo, hi)
         self.wrapped = st.out_range is None
+
+    def relu_sum(self, rs: ReluSum) -> None:
+        """A sum of shifted ReLUs over the int8 values: :func:`~.relu_sum.alu_program`'s
+        row passes, its terms built in scratch groups S and T."""
+        if self.lo < -128 or self.hi > 127:
+            raise CompileError(f"{self.where}: a sum of shifted ReLUs needs int8 values; clamp "
+                               "them first")
+        for step in alu_program(rs, imm_bits=self.imm_bits):
+            if step.src == "param":
+                self.plan.steps.append(EpStep("alu", step.op, param=self.param(
+                    np.array([step.value])), dst=step.dst))
+            else:
+                self.plan.steps.append(EpStep("alu", step.op, imm=step.value, dst=step.dst,
+                                              src=step.src))
+        self.set_range(INT32_MIN, INT32_MAX)
+        self.wrapped = False    # the fit keeps every partial sum inside int32
 
     def clip(self, st: Clip, rest: list[Stage]) -> bool:
         """Lower a clamp; True when it also lowered the trailing zero point ``rest[0]``."""
@@ -349,6 +384,8 @@ def reference_stages(acc: np.ndarray, stages: tuple[Stage, ...], channel_axis: i
                         st.hi if st.hi is not None else INT32_MAX)
         elif isinstance(st, AddConst):
             a = wrap(a + int(st.value))
+        elif isinstance(st, ReluSum):
+            a = st.evaluate(a).astype(np.int64)
         elif isinstance(st, Apply):
             table = None if st.table is None else np.asarray(st.table, dtype=np.int64)
             a = ALU_OPS.by_name(st.op).apply(a, np.full(a.shape, st.value, np.int64),
@@ -436,25 +473,35 @@ def tile_alu(em: Emitter, ep: EpiloguePlan, st: EpStep, *, acc_base: int, nb_n: 
 
 def emit_epilogue(em: Emitter, ep: EpiloguePlan, *, acc_base: int, nb_n: int, ob_n: int,
                   pixels: int, ob0: int, param_base: int, param_starts: list[int],
-                  scratch_base: int, residual_loads, where: str) -> None:
-    """The tile's epilogue ALU steps (and residual loads/adds) over rows ``[nb][ob][pix]``."""
-    isa = em.isa
+                  scratch_base: int, residual_loads, where: str,
+                  scratch_stride: int = 0) -> None:
+    """The tile's epilogue ALU steps (and residual loads/adds) over rows ``[nb][ob][pix]``.
+    The scratch groups (:attr:`EpiloguePlan.scratch_groups`) lie ``scratch_stride`` rows
+    apart from ``scratch_base``."""
     rows = nb_n * ob_n * pixels
+    groups = {"acc": acc_base, **{g: scratch_base + k * scratch_stride
+                                  for k, g in enumerate(ep.scratch_groups)}}
     for st in ep.steps:
         if st.kind == "residual":
-            em.emit(*residual_loads(st.tensor, scratch_base))
+            em.emit(*residual_loads(st.tensor, groups["R"]))
             if st.op:
-                em.emit(tile_alu(em, ep, replace(st, kind="alu"), acc_base=scratch_base,
+                em.emit(tile_alu(em, ep, replace(st, kind="alu"), acc_base=groups["R"],
                                  nb_n=nb_n, ob_n=ob_n, pixels=pixels, ob0=ob0,
                                  param_base=param_base, param_starts=param_starts, where=where))
-            op = ALU_OPS.by_name("ADD")
-            nest = map_nest([dim("rows", rows, dst=1, src=1)], (acc_base, scratch_base, 0),
-                            kind="alu", isa=isa, distance=op.timing.hazard_distance(False),
-                            src_is_acc_read=True, where=where)
-            b, e = em.kernel(nest.uops)
-            em.emit(Alu(alu_op=op.opcode, uop_begin=b, uop_end=e, **nest.fields("alu")))
-            continue
-        em.emit(tile_alu(em, ep, st, acc_base=acc_base, nb_n=nb_n, ob_n=ob_n, pixels=pixels,
-                         ob0=ob0, param_base=param_base, param_starts=param_starts,
-                         where=where))
+            em.emit(_rows_alu(em, "ADD", groups["acc"], groups["R"], rows, where))
+        elif st.src is not None:
+            em.emit(_rows_alu(em, st.op, groups[st.dst], groups[st.src], rows, where))
+        else:
+            em.emit(tile_alu(em, ep, st, acc_base=groups[st.dst], nb_n=nb_n, ob_n=ob_n,
+                             pixels=pixels, ob0=ob0, param_base=param_base,
+                             param_starts=param_starts, where=where))
 
+
+def _rows_alu(em: Emitter, op_name: str, dst: int, src: int, rows: int, where: str) -> Alu:
+    """``op`` of ``rows`` rows from ``dst`` with the tensor operand ``rows`` rows from ``src``."""
+    op = ALU_OPS.by_name(op_name)
+    nest = map_nest([dim("rows", rows, dst=1, src=1)], (dst, src, 0), kind="alu", isa=em.isa,
+                    distance=op.timing.hazard_distance(False), src_is_acc_read=True,
+                    where=where)
+    b, e = em.kernel(nest.uops)
+    return Alu(alu_op=op.opcode, uop_begin=b, uop_end=e, **nest.fields("alu"))

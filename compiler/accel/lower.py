@@ -64,7 +64,7 @@ from ..frontend.qshift import SHIFT, qadd_reference
 from .patterns import match_node, patterns_of
 
 __all__ = ["AVERAGE_POOL_REASON", "accel_unsupported_reason", "convert_flattened_gemms",
-           "fuse_into_producer", "lower_node", "qadd_stages", "qlinear_add"]
+           "fuse_into_producer", "lower_node", "lowering_note", "qadd_stages", "qlinear_add"]
 
 #: Why QAveragePool runs on the CPU (module doc).
 AVERAGE_POOL_REASON = ("onnxruntime averages dequantized float32 values (QLinearAveragePool): "
@@ -164,11 +164,18 @@ def _pattern_reason(graph: Graph, node: Node, config: HwConfig) -> str | None:
         return str(exc)
     if found is not None:
         return None
-    names = [op.name for op in ALU_OPS.available(config)
-             if any(p.node_op == node.op for p in patterns_of(op))]
-    if names:
-        return (f"no pattern of {', '.join(names)} matches this {node.op} (its intrinsics on "
-                f"config {config.name!r})")
+    exact, approximate = [], []
+    for op in ALU_OPS.available(config):
+        for p in patterns_of(op):
+            if p.node_op == node.op:
+                (approximate if p.approximate else exact).append(op.name)
+    if approximate and not node.attrs.get("approximate"):
+        return (f"config {config.name!r} has no intrinsic that computes this {node.op} exactly"
+                f"{' (the patterns of ' + ', '.join(exact) + ' do not match it)' if exact else ''}; "
+                f"{'/'.join(approximate)} can approximate it: compile with "
+                "activations='approximate' (CLI: --activations approximate)")
+    if exact:
+        return f"no pattern of {', '.join(exact)} (config {config.name!r}) matches this {node.op}"
     return (f"no intrinsic of config {config.name!r} implements {node.op} (a plug-in with a "
             "pattern for it would; see docs/extending.md)")
 
@@ -227,6 +234,15 @@ def lower_node(graph: Graph, node: Node, config: HwConfig) -> Op:
     found = match_node(graph, node, config)
     return Eltwise(node.name, found.intrinsic.lower(), node.inputs[found.value], node.outputs[0],
                    epilogue=found.stages)
+
+
+def lowering_note(graph: Graph, node: Node, config: HwConfig) -> str:
+    """What the placement report adds for a node an intrinsic pattern lowers (which
+    intrinsic, or an approximation and its error); ``""`` for the others."""
+    if node.domain != DOMAIN or node.op in _LOWERINGS:
+        return ""
+    found = match_node(graph, node, config)
+    return "" if found is None else f"; {found.describe(graph, node, config)}"
 
 
 def fuse_into_producer(graph: Graph, node: Node, config: HwConfig, ops: list[Op],

@@ -42,6 +42,8 @@ import numpy as np
 from tessera.errors import CompileError
 from tessera.isa.encoding import PAD_VALUE_BITS
 
+from .relu_sum import ReluSum
+
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 
 
@@ -122,7 +124,7 @@ class Apply:
     out_range: tuple[int, int] | None = None
 
 
-Stage = Union[Bias, Requant, Shift, Residual, Clip, AddConst, Mul, Apply]
+Stage = Union[Bias, Requant, Shift, Residual, Clip, AddConst, Mul, Apply, ReluSum]
 
 
 def relu() -> Clip:

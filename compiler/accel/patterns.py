@@ -36,8 +36,8 @@ from tessera.isa import ALU_OPS, Intrinsic, resolve
 from ..frontend.graph import Graph, Node
 from .ops import Residual, Stage
 
-__all__ = ["Match", "Pattern", "PatternContext", "attach_builtin_patterns", "match_node",
-           "patterns_of"]
+__all__ = ["BYTES", "Match", "Pattern", "PatternContext", "attach_builtin_patterns",
+           "match_node", "patterns_of"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,21 @@ class PatternContext:
     def shape(self, index: int = 0) -> tuple[int, ...]:
         return self.graph.value(self.node.inputs[index]).shape
 
+    def lookup_table(self) -> np.ndarray:
+        """The 256 int8 entries of a ``QLookup``, indexed by the input's byte (entry k is
+        the output for the int8 value whose byte is k; :data:`BYTES` lists those values).
+        The accelerator runs lookups int8 -> int8 (uint8 tensors are shifted by then)."""
+        table = self.const(1)
+        dtypes = {self.graph.value(t).dtype for t in (self.node.inputs[0], self.node.outputs[0])}
+        if table is None or table.size != 256 or dtypes != {"int8"}:
+            raise CompileError(f"a lookup runs on the accelerator as int8 -> int8 with a "
+                               f"constant 256-entry table, not {'/'.join(sorted(dtypes))}")
+        return np.asarray(table, dtype=np.int8).reshape(256)
+
+
+#: Every int8 value in the order of a byte-indexed table: ``BYTES[k]`` has the byte ``k``.
+BYTES = np.arange(256, dtype=np.uint8).view(np.int8).astype(np.int64)
+
 
 @dataclass(frozen=True)
 class Pattern:
@@ -75,6 +90,9 @@ class Pattern:
     operands: tuple[int, ...] = (0,)
     approximate: bool = False
     doc: str = ""
+    #: ``describe(ctx, stages) -> str``: what the placement report says about the lowering
+    #: (an approximation's error, say); ``None``: the intrinsic's name and ``doc``.
+    describe: Callable[[PatternContext, tuple[Stage, ...]], str] | None = None
 
 
 @dataclass(frozen=True)
@@ -91,6 +109,14 @@ class Match:
     @property
     def residuals(self) -> tuple[str, ...]:
         return tuple(s.tensor for s in self.stages if isinstance(s, Residual))
+
+    def describe(self, graph: Graph, node: Node, config: HwConfig) -> str:
+        """The placement report's words for this lowering."""
+        if self.pattern.describe is not None:
+            ctx = PatternContext(graph, node, config, self.value)
+            return self.pattern.describe(ctx, self.stages)
+        what = f": {self.pattern.doc}" if self.pattern.doc else ""
+        return f"{self.intrinsic} pattern{what}, {self.cycles_per_row} ALU cycle(s) per row"
 
 
 def patterns_of(op: Intrinsic) -> tuple[Pattern, ...]:
@@ -155,7 +181,8 @@ def _costed(name: str, pattern: Pattern, value: int, stages: tuple[Stage, ...], 
 #: The built-in ops' patterns, by op name, as references into :mod:`.builtin_patterns`
 #: (resolved when first matched, so this module imports nothing it does not need).
 _BUILTIN_PATTERNS = {"ADD": "tessera.compiler.accel.builtin_patterns:ADD_PATTERNS",
-                     "CLIP": "tessera.compiler.accel.builtin_patterns:CLIP_PATTERNS"}
+                     "CLIP": "tessera.compiler.accel.builtin_patterns:CLIP_PATTERNS",
+                     "MAX": "tessera.compiler.accel.builtin_patterns:MAX_PATTERNS"}
 
 
 def attach_builtin_patterns() -> None:

@@ -112,12 +112,12 @@ class _PoolLowering:
         return scales
 
     def slot_rows(self, nb_t: int, cb_t: int, oh_t: int, ow_t: int) -> int:
-        """Accumulator rows of a tile: its output rows, the residual scratch rows and its
-        input window."""
+        """Accumulator rows of a tile: its output rows, the epilogue's scratch groups and
+        its input window."""
         out_rows = nb_t * cb_t * oh_t * ow_t
         in_rows = nb_t * cb_t * min(self.h, _in_extent(oh_t, self.kh, self.sy)) * \
             min(self.w, _in_extent(ow_t, self.kw, self.sx))
-        return out_rows + in_rows + (out_rows if self.ep.residuals else 0)
+        return out_rows + in_rows + out_rows * len(self.ep.scratch_groups)
 
     def plan_tiles(self, threads: int) -> AluPlan:
         """The largest tiles whose ``threads`` slots fit beside the parameter rows."""
@@ -140,7 +140,7 @@ class _PoolLowering:
             em.emit(*self._pool_insns(t, base))
             emit_tile_epilogue(em, ep, t, base, param_base=self.param_base,
                                param_starts=self.param_starts, scratch_base=base + t.rows,
-                               out_layout=self.out.layout, out_elem=out_elem,
+                               scratch_stride=t.rows, out_layout=self.out.layout, out_elem=out_elem,
                                residuals=self.residuals, where=self.where)
         em.end_op()
 
@@ -149,7 +149,7 @@ class _PoolLowering:
         into scratch rows, one ALU instruction per tap, then the average's rescale."""
         rows = t.rows
         iy0, iy1, ix0, ix1 = self._input_window(t)
-        scratch = base + rows + (rows if self.ep.residuals else 0)
+        scratch = base + rows * (1 + len(self.ep.scratch_groups))
         taps, covering = self._taps(t)
         insns: list[Instruction] = [] if covering is not None else self._start_rows(base, rows)
         insns += plane_loads(self.em, self.in_l, self.in_elem, scratch, t, iy0, iy1, ix0, ix1)

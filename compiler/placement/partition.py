@@ -34,7 +34,7 @@ from tessera.errors import CLI, PYTHON, CompileError
 
 from ..cpu.lower import cpu_unsupported_reason
 from ..frontend.graph import Graph, Node
-from ..accel.lower import accel_unsupported_reason
+from ..accel.lower import accel_unsupported_reason, lowering_note
 from .cost import HostCost, accel_seconds, node_work
 
 __all__ = ["VIEW_OPS", "Placement", "place_nodes", "segments"]
@@ -115,7 +115,8 @@ def place_nodes(graph: Graph, config: HwConfig, *, host: HostCost = HostCost(),
             if cpu_cost is None or cost <= cpu_cost:
                 why = (f"estimated {_ms(cost)} on the accelerator"
                        + (f" vs {_ms(cpu_cost)} on the CPU{cpu_note}" if cpu_s is not None
-                          else f"; no CPU kernel ({cpu_reason})"))
+                          else f"; no CPU kernel ({cpu_reason})")
+                       + lowering_note(graph, node, config))
                 placements.append(Placement(node.name, node.op, "accelerator", why, acc_s,
                                             cpu_s))
                 produced_on_accel.update(node.outputs)

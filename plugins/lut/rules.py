@@ -7,7 +7,6 @@ Written against the public extension API only (:mod:`tessera.compiler.accel.patt
 """
 from __future__ import annotations
 
-from tessera.compiler.accel.builtin_patterns import lookup_table
 from tessera.compiler.accel.ops import Apply, Clip
 from tessera.compiler.accel.patterns import Pattern, PatternContext
 
@@ -16,7 +15,7 @@ def _lookup(ctx: PatternContext):
     """Clamp to int8 (the LUT indexes the low byte: the value must be the int8 the
     node reads, which the store's saturation would otherwise make it only later), then
     the table."""
-    table = lookup_table(ctx)
+    table = ctx.lookup_table()
     return (Clip(-128, 127),
             Apply("LUT", table=table, out_range=(int(table.min()), int(table.max()))))
 

@@ -80,3 +80,25 @@ def test_config_without_table_memory_refuses_a_lookup():
     with pytest.raises(CompileError, match="table memory of 0 entries"):
         compile_and_run([Eltwise("act", "lut", "x", "y", epilogue=lut(table))],
                         {"x": np.zeros((1, 4, 2, 2), np.int8)}, bare)
+
+
+@CONFIGS
+def test_sum_of_shifted_relus_in_a_conv_epilogue(config):
+    """The ReLU-sum approximation's row passes (scratch groups S and T beside the tile)
+    give exactly what :meth:`ReluSum.evaluate` says, fused after a conv or on its own."""
+    from tessera.compiler.accel.relu_sum import fit_relu_sum
+
+    byte_values = np.arange(256, dtype=np.uint8).view(np.int8)
+    table = np.round(127 * np.tanh(byte_values / 40.0)).astype(np.int8)
+    rs = fit_relu_sum(table, pieces=6)
+    rng = np.random.default_rng(6)
+    x = rng.integers(-128, 128, (1, 5, 7, 6), dtype=np.int8)
+    w = rng.integers(-128, 128, (9, 5, 3, 3), dtype=np.int8)
+    stages = requantize(0.004, zero_point=-5)
+    approx = (Clip(-128, 127), rs, Clip(-128, 127))
+    ops = [Conv2d("conv", "x", "y", w, padding=1, epilogue=(*stages, *approx)),
+           Eltwise("act", "max", "x", "z", epilogue=approx)]
+    out, _, _ = compile_and_run(ops, {"x": x}, config)
+    conv_out = ort_requant(conv(x, w, pads=(1, 1, 1, 1)), 0.004, zp=-5)
+    np.testing.assert_array_equal(out["y"], rs.evaluate(conv_out))
+    np.testing.assert_array_equal(out["z"], rs.evaluate(x))
