@@ -39,7 +39,7 @@ def _qadd(ctx: PatternContext) -> tuple[Stage, ...]:
     other = node.inputs[1 - ctx.value]
     if graph.value(other).shape != ctx.shape(ctx.value):
         raise CompileError("QAdd operands differ in shape")
-    if graph.value(other).is_const:
+    if any(graph.value(t).is_const for t in node.inputs[:2]):
         raise CompileError("an add of a constant runs on the CPU")
     big_a, stages = qadd_stages(node, ctx.value)
     return (Mul(big_a), *stages)

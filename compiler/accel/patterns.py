@@ -145,7 +145,10 @@ def match_node(graph: Graph, node: Node, config: HwConfig, value: int | None = N
                                               and not node.attrs.get("approximate")):
                 continue
             for operand in pattern.operands:
-                if value is not None and operand != value:
+                # The value operand is a computed tensor (a constant has no producer whose
+                # epilogue could hold the stages, nor rows to start from).
+                if (value is not None and operand != value
+                        or graph.value(node.inputs[operand]).is_const):
                     continue
                 try:
                     stages = pattern.lower(PatternContext(graph, node, config, operand))

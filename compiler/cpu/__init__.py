@@ -10,6 +10,7 @@ from .conv_float import build_conv_float, build_conv_transpose_float
 from .elementwise import E, fused_elementwise, maximum, minimum
 from .gather import build_gather, build_gather_elements
 from .kernel import DTYPES, CpuKernel, TensorSpec
+from .lookup import build_byte_lookup
 from .layout_ops import build_concat, build_pad, build_split, build_transpose
 from .lrn import build_lrn
 from .matmul import build_einsum, build_gemm, build_matmul, build_matmul_integer
@@ -33,7 +34,7 @@ __all__ = [
     # data-movement, pooling, resize, int8 conv / matmul kernels
     "build_concat", "build_pad", "build_split", "build_transpose", "build_slice",
     "build_expand", "build_tile", "build_depth_to_space", "build_space_to_depth",
-    "build_gather", "build_gather_elements",
+    "build_gather", "build_gather_elements", "build_byte_lookup",
     "build_max_pool", "build_average_pool", "build_global_max_pool",
     "build_global_average_pool", "build_resize", "build_conv_int8", "build_matmul_int8",
     # float linear kernels

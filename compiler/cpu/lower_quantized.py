@@ -1,5 +1,5 @@
 """CPU lowerings of the integer ``tessera`` nodes QDQ fusion makes (QConv, QGemm, QAdd,
-QMaxPool, QGlobalAveragePool, QAveragePool), bit-exact with :mod:`..golden.quantized`:
+QMaxPool, QGlobalAveragePool, QAveragePool, QSoftmax, QLookup), bit-exact with :mod:`..golden.quantized`:
 int8 convolution / matmul to int32 then a requantization step, or a single fused kernel;
 :data:`QUANTIZED_LOWERINGS` maps each op type to its lowering (see :mod:`.lower`).
 Weights beyond int8 (asymmetric uint8 weights minus their zero points, up to +-255) are
@@ -14,8 +14,8 @@ import numpy as np
 
 from tessera.isa.requant import requant_scale
 
-from ..cpu import (E, TensorSpec, build_average_pool, build_conv_int8, build_matmul_int8,
-                  build_max_pool, minimum, reduction)
+from ..cpu import (E, TensorSpec, build_average_pool, build_byte_lookup, build_conv_int8,
+                  build_matmul_int8, build_max_pool, minimum, reduction)
 from ..frontend.graph import Node
 from ..frontend.qdq import pool_output_size
 from ..frontend.qlinear import qlinear_add_coefficients
@@ -358,7 +358,21 @@ def _equals(x: E, value: int) -> E:
 
 # ---------------------------------------------------------------------- dispatch table
 #: op type (domain tessera) -> lowering.
+def _qlookup(low: NodeLowering) -> list[Plan]:
+    """QLookup: one byte-indexed load per element (:mod:`..frontend.qlookup`); the table
+    is already in the stored domain of a node shifted from uint8."""
+    x = low.spec(first_input(low), QUANT_DTYPES)
+    y = low.output()
+    table = low.const(low.node.input(1), "table")
+    low.require(table.size == 256 and str(table.dtype) == y.dtype,
+                f"its table is {table.dtype}{list(table.shape)}, expected 256 {y.dtype} values")
+    low.require(tuple(y.shape) == x.shape, f"its output shape {list(y.shape)} is not its "
+                f"input's {list(x.shape)}")
+    return single_step(low, build_byte_lookup, x, y.dtype)
+
+
 QUANTIZED_LOWERINGS: dict[str, LowerFn] = {
+    "QLookup": _qlookup,
     "QConv": _qconv,
     "QGemm": _qgemm,
     "QAdd": _qadd,

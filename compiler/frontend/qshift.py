@@ -19,6 +19,10 @@ model see int8 alone:
   QLinearAdd and QLinearAveragePool. Their golden model and lowerings read
   ``from_uint8`` and compute on the model's uint8 values and zero points (stored + 128),
   then shift the result back (:func:`model_domain`, :func:`qadd_reference`);
+* a ``QLookup`` (:mod:`.qlookup`) of uint8 ``x`` and ``y`` keeps its meaning with its
+  table's values minus 128 (the table is a uint8 constant it reads, shifted with its
+  tensors) and re-indexed: the stored byte of the model's value ``u`` is ``u ^ 0x80``, so
+  entry ``b`` moves to ``b ^ 0x80``. On the accelerator every lookup is then int8 -> int8;
 * ops that only move stored values (:data:`MOVERS`) carry the shift through; a uint8
   constant one of them reads (e.g. concatenated) is shifted too;
 * at the graph's boundary the host converts: a uint8 graph input is shifted by the first
@@ -176,6 +180,8 @@ def _shift(graph: Graph, group: list[str]) -> None:
                 if key in node.attrs:
                     node.attrs[key] = int(node.attrs[key]) - SHIFT
             node.attrs["from_uint8"] = 1
+            if node.op == "QLookup":
+                _reindex_table(graph, node)
         elif ((node.op == "QuantizeLinear" and node.outputs[0] in members)
               or (node.op == "DequantizeLinear" and node.inputs[0] in members)):
             _shift_zero_point(graph, node, zero_points)
@@ -183,6 +189,14 @@ def _shift(graph: Graph, group: list[str]) -> None:
         _convert_input(graph, name)
     for name in [n for n in graph.outputs if n in members]:
         _convert_output(graph, name)
+
+
+def _reindex_table(graph: Graph, node: Node) -> None:
+    """Move a shifted lookup's table entry ``b`` to ``b ^ 0x80`` (module doc)."""
+    table = graph.values[node.inputs[1]]
+    order = np.arange(256) ^ 0x80
+    graph.add_value(table.name, table.shape, table.dtype, table.data.reshape(256)[order]
+                    .reshape(table.shape))
 
 
 def _shifted(data: np.ndarray) -> np.ndarray:

@@ -15,6 +15,8 @@ onnxruntime 1.31's CPU kernels do (MLAS, x86 AVX2 build):
 * ``QMaxPool``: int8 MaxPool on the stored values (padding never wins).
 * ``QAdd`` (QLinearAdd, MLAS ``qladd_avx2.cpp``): float32 with FMAs, as
   :mod:`..frontend.qlinear` computes it.
+* ``QLookup`` (:mod:`..frontend.qlookup`): ``table[x.view(uint8)]``, the table being
+  onnxruntime's values of the activation it replaced.
 * ``QAveragePool`` (QLinearAveragePool, ``contrib_ops/cpu/quantization/qlinear_pool.cc``):
   in float32, each input dequantized ``x_scale * f32(x - x_zp)``, each window summed from
   0 in row-major order over the taps inside the input, divided by the count (the taps
@@ -228,7 +230,12 @@ def _qsoftmax(node: Node, x: np.ndarray, table: np.ndarray) -> np.ndarray:
                            node.attrs["axis"])
 
 
+def _qlookup(node: Node, x: np.ndarray, table: np.ndarray) -> np.ndarray:
+    return np.asarray(table).reshape(256)[np.asarray(x).view(np.uint8)]
+
+
 _KERNELS: dict[str, Callable[..., np.ndarray]] = {
+    "QLookup": _qlookup,
     "QConv": _qconv, "QGemm": _qgemm, "QAdd": _qadd, "QMul": _qmul, "QMatMul": _qmatmul,
     "QMaxPool": _qmax_pool,
     "QGlobalAveragePool": _qglobal_average_pool, "QAveragePool": _qaverage_pool,

@@ -81,9 +81,9 @@ CASES = {
     "GlobalAveragePool": (_conv_then_pool, "QLinearGlobalAveragePool", "QGlobalAveragePool"),
     "Concat": (lambda: _one_op("Concat", {"x": IMAGE, "z": IMAGE}, (1, 8, 8, 8), axis=1),
                "QLinearConcat", None),
-    "Sigmoid": (lambda: _one_op("Sigmoid", {"x": IMAGE}, IMAGE), "QLinearSigmoid", "Gather"),
+    "Sigmoid": (lambda: _one_op("Sigmoid", {"x": IMAGE}, IMAGE), "QLinearSigmoid", "QLookup"),
     "LeakyRelu": (lambda: _one_op("LeakyRelu", {"x": IMAGE}, IMAGE, alpha=0.1),
-                  "QLinearLeakyRelu", "Gather"),
+                  "QLinearLeakyRelu", "QLookup"),
 }
 ACTIVATIONS = {"int8": ortq.QuantType.QInt8, "uint8": ortq.QuantType.QUInt8}
 
