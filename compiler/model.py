@@ -272,7 +272,8 @@ def _byte_histograms(reference, calibration, names: Sequence[str]) -> dict[str, 
     calibration feeds, in the order of the stored int8 tensor's bytes (a uint8 tensor's
     byte ``u`` is the shifted int8 ``u - 128``, byte ``u ^ 0x80``)."""
     import onnx
-    import onnxruntime as ort
+
+    from .frontend.quantize import reference_session
 
     produced = {t for node in reference.graph.node for t in node.output}
     wanted = [n for n in dict.fromkeys(names) if n in produced]
@@ -281,8 +282,7 @@ def _byte_histograms(reference, calibration, names: Sequence[str]) -> dict[str, 
     model = onnx.ModelProto()
     model.CopyFrom(reference)
     model.graph.output.extend(onnx.helper.make_empty_tensor_value_info(n) for n in wanted)
-    session = ort.InferenceSession(model.SerializeToString(),
-                                   providers=["CPUExecutionProvider"])
+    session = reference_session(model)
     counts = {n: np.zeros(256, np.float64) for n in wanted}
     for feed in calibration:
         for name, value in zip(wanted, session.run(wanted, dict(feed))):

@@ -62,6 +62,7 @@ from onnx import TensorProto, helper, numpy_helper
 from .graph import Graph, Node
 from .onnx_import import node_proto
 from .qdq import DOMAIN
+from .quantize import reference_session
 from .upgrade import IR_OPSET
 
 __all__ = ["LOOKUP_OP", "TABULATED_OPS", "tabulate_quantized_activations",
@@ -251,7 +252,6 @@ def tabulate_subgraph(graph: Graph, nodes: list[Node], source: str, output: str
     ``source``, in the order of its bytes: a ``(256,)`` array of ``output``'s type, or
     None if onnxruntime cannot run them (the float ops then stay for the CPU, whose
     lowering says what it cannot run)."""
-    import onnxruntime as ort
     from onnxruntime.capi import onnxruntime_pybind11_state as state
 
     dtype, out_dtype = graph.value(source).dtype, graph.value(output).dtype
@@ -265,11 +265,8 @@ def tabulate_subgraph(graph: Graph, nodes: list[Node], source: str, output: str
                           [numpy_helper.from_array(graph.const(c), c) for c in constants]),
         opset_imports=[helper.make_opsetid("", IR_OPSET)])
     model.ir_version = helper.find_min_ir_version_for(list(model.opset_import))
-    options = ort.SessionOptions()
-    options.add_session_config_entry("session.qdqisint8allowed", "1")
     try:
-        session = ort.InferenceSession(model.SerializeToString(), options,
-                                       providers=["CPUExecutionProvider"])
+        session = reference_session(model)
         table = np.asarray(session.run(None, {source: inputs})[0], dtype=out_dtype)
     except (state.Fail, state.InvalidGraph, state.InvalidArgument, state.NotImplemented,
             state.RuntimeException):

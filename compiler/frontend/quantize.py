@@ -37,7 +37,7 @@ from tessera.errors import CompileError
 
 from .graph import Graph
 
-__all__ = ["DYNAMIC_OPS", "QDQ_OPS", "is_quantized", "quantize_static"]
+__all__ = ["DYNAMIC_OPS", "QDQ_OPS", "is_quantized", "quantize_static", "reference_session"]
 
 #: The ops a QDQ model marks its quantized tensors with.
 QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
@@ -46,6 +46,19 @@ DYNAMIC_OPS = frozenset({"DynamicQuantizeLinear", "ConvInteger", "MatMulInteger"
                          "DynamicQuantizeLSTM"})
 
 Feed = Mapping[str, np.ndarray]
+
+
+def reference_session(model: onnx.ModelProto):
+    """An onnxruntime session of a QDQ ``model`` as the reference runs it: the CPU
+    provider, every graph optimisation (its QDQ fusions: QLinearConv, QLinearSigmoid, ...)
+    and int8 QDQ kernels allowed. The whole model's reference, the activation tables and
+    the calibration histograms all come from sessions made here, so that onnxruntime
+    fuses the same way in each."""
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.qdqisint8allowed", "1")
+    return ort.InferenceSession(model.SerializeToString(), options,
+                                providers=["CPUExecutionProvider"])
 
 
 def quantize_static(model: onnx.ModelProto, calibration: Sequence[Feed], *,

@@ -39,11 +39,8 @@ class Agreement:
 def reference_outputs(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray]
                       ) -> dict[str, np.ndarray]:
     """onnxruntime's outputs of ``model`` with its int8 QDQ kernels."""
-    import onnxruntime as ort
-    options = ort.SessionOptions()
-    options.add_session_config_entry("session.qdqisint8allowed", "1")
-    session = ort.InferenceSession(model.SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
+    from ..frontend.quantize import reference_session
+    session = reference_session(model)
     names = [o.name for o in session.get_outputs()]
     return dict(zip(names, session.run(names, dict(inputs))))
 
