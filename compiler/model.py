@@ -357,14 +357,18 @@ def fuse_integer_nodes(graph) -> None:
     from .accel.lower import convert_flattened_gemms
     from .frontend.passes import fold_batch_norm, lift_global_pools, remove_identity
     from .frontend.qdq import fuse_qdq
-    from .frontend.qlookup import tabulate_quantized_activations
+    from .frontend.qdq_concat import requantize_concat_inputs
+    from .frontend.qlookup import compose_lookups, tabulate_quantized_activations
 
     remove_identity(graph)
     fold_batch_norm(graph)
     lift_global_pools(graph)
     # Before fuse_qdq: a SiLU's Mul must still be DQ -> Mul -> Q (not a QMul) for the
-    # whole activation to become one table.
+    # whole activation to become one table, and a requantizing Concat's inputs must
+    # still be DQs to be requantized by tables (then merged with the activations').
     tabulate_quantized_activations(graph)
+    requantize_concat_inputs(graph)
+    compose_lookups(graph)
     fuse_qdq(graph)
     convert_flattened_gemms(graph)
     graph.remove_unused()

@@ -5,6 +5,7 @@
   compute, store), :mod:`.tensor` (the pipelines of the compute module's two units, GEMM
   core and tensor ALU), :mod:`.dma`, :mod:`.sequencer` (command and token queues),
   :mod:`.control` (AXI4-Lite registers), :mod:`.alu_ops` (ALU hardware hooks),
+  :mod:`.table` (the tensor ALU's table memory, one copy per lane),
   :mod:`.layouts` and :mod:`.ports` (instruction views and bus signatures).
 * :mod:`.harness`: simulations of that RTL (Verilator through :mod:`.harness.rtlsim`,
   Amaranth's simulator through :mod:`.harness.amaranth_sim`).

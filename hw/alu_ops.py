@@ -15,6 +15,19 @@ registered :class:`~tessera.isa.Intrinsic`. A hook is a pure datapath:
   the ``signed(32)`` lane operand. ``None`` means sign extension (the default
   ``immediate_as_is``).
 
+An op that ``reads_table`` (its semantics take the ALU table memory, ``HwConfig.
+table_entries`` int8 entries loaded by ``LOAD tbl``) is built as ``build(m, a, b,
+table)``: ``table`` is the lane's :class:`TableMemory`, and ``table.read(m, entry)``
+returns ``table[entry mod table.entries]`` as a ``signed(8)`` Value valid one cycle
+after ``entry``: a synchronous read, which counts as one of the hook's ``latency - 3``
+register stages (so such an op has latency 4 or more). ``entry`` may be any Value; its
+low ``table.index_bits`` bits are used. Each call adds a read port; every lane has its
+own copy of the table, so the lanes read independently. ``table.entries`` and
+``table.index_bits`` are plain ints, for building the index.
+
+A ``hardware`` slot may also hold a ``"module:attribute"`` reference to the hook
+(:func:`tessera.isa.resolve`), so registering an op imports no Amaranth.
+
 This module fills the hooks of the built-ins at import
 (:func:`attach_builtin_hardware`). A user op brings its own::
 
@@ -23,6 +36,9 @@ This module fills the hooks of the built-ins at import
         "ABSDIFF", 8, lambda a, b: np.abs(a - b),
         hardware=AluHardware(lambda m, a, b: Mux(a > b, a - b, b - a))))
     check_hardware(ABSDIFF, [(1, 5), (-7, 3)])
+
+A table-reading hook is checked with a table: ``check_hardware(op, samples,
+table=np.arange(256) - 128)``.
 """
 from __future__ import annotations
 
@@ -35,13 +51,15 @@ from amaranth.hdl import Cat, ClockDomain, Module, Mux, Signal, Value, signed
 from amaranth.sim import Simulator
 
 from tessera.errors import RegistryError
-from tessera.isa import ALU_OPS, Intrinsic
+from tessera.isa import ALU_OPS, Intrinsic, resolve
 from tessera.isa import intrinsics as _intrinsics
 from tessera.isa import requant as _rq
 
+from .table import TableMemory
+
 __all__ = [
-    "ALU_BASE_LATENCY", "AluHardware", "attach_builtin_hardware", "hardware_of",
-    "hook_stages", "check_hardware", "check_imm_operand",
+    "ALU_BASE_LATENCY", "AluHardware", "TableMemory", "attach_builtin_hardware",
+    "hardware_of", "hook_stages", "check_hardware", "check_imm_operand",
 ]
 
 #: Latency of an ALU op whose hook is purely combinational (docs/timing.md: the
@@ -59,14 +77,16 @@ class AluHardware:
     """The hardware of one ALU op, instantiated once per lane by the tensor ALU.
 
     Attributes:
-        build: ``build(m, a, b) -> Value``; see the module docstring for the
-            timing contract (``op.timing.latency - 3`` register stages).
+        build: ``build(m, a, b) -> Value`` (``build(m, a, b, table)`` for an op that
+            ``reads_table``, ``table`` a :class:`TableMemory`); see the module
+            docstring for the timing contract (``op.timing.latency - 3`` register
+            stages, a table read counting as one).
         imm_operand: ``imm_operand(imm, imm_bits) -> Value``, the ``signed(32)``
             lane operand of a ``signed(imm_bits)`` immediate; ``None`` = sign
             extension.
     """
 
-    build: Callable[[Module, Value, Value], Value]
+    build: Callable[..., Value]
     imm_operand: Callable[[Value, int], Value] | None = None
 
     def operand_of_imm(self, imm: Value, imm_bits: int) -> Value:
@@ -77,21 +97,25 @@ class AluHardware:
 
 
 def hook_stages(op: Intrinsic) -> int:
-    """Register stages the hook of ``op`` must add: ``latency - 3`` (>= 0)."""
+    """Register stages the hook of ``op`` must add: ``latency - 3`` (>= 0; >= 1 for an op
+    that ``reads_table``, whose table read is a register stage)."""
     stages = op.timing.latency - ALU_BASE_LATENCY
-    if stages < 0:
+    least = ALU_BASE_LATENCY + (1 if op.reads_table else 0)
+    if op.timing.latency < least:
+        why = " (its table read takes a cycle)" if op.reads_table else ""
         raise RegistryError(f"ALU op {op.name} has latency {op.timing.latency}; the tensor ALU "
-                            f"needs at least {ALU_BASE_LATENCY}")
+                            f"needs at least {least}{why}")
     return stages
 
 
 def hardware_of(op: Intrinsic) -> AluHardware:
-    """The :class:`AluHardware` of ``op``.
+    """The :class:`AluHardware` of ``op`` (a ``"module:attribute"`` reference resolved).
 
     Raises:
-        RegistryError: ``op`` has no hook (or something else than an AluHardware).
+        RegistryError: ``op`` has no hook (or something else than an AluHardware), or
+            its reference does not resolve.
     """
-    hw = op.hardware
+    hw = resolve(op.hardware)
     if hw is None:
         raise RegistryError(f"op {op.name} has no hardware hook: pass "
                             f"hardware=AluHardware(...) when registering it")
@@ -336,16 +360,20 @@ def _wrap32(v: int) -> int:
     return ((int(v) + (1 << 31)) & 0xFFFFFFFF) - (1 << 31)
 
 
-def _run_pipelined(build: Callable[[Module, Value, Value], Value], pairs: Sequence[tuple[int, int]],
-                   cycles_after: int) -> list[int]:
-    """Simulate ``build`` with one (a, b) pair per cycle; return the int32 output
-    of every cycle (``len(pairs) + cycles_after`` values)."""
+def _run_pipelined(build: Callable[..., Value], pairs: Sequence[tuple[int, int]],
+                   cycles_after: int, table: TableMemory | None = None) -> list[int]:
+    """Simulate ``build`` (given ``table`` too, if any) with one (a, b) pair per cycle;
+    return the int32 output of every cycle (``len(pairs) + cycles_after`` values)."""
     m = Module()
     # Declared explicitly so that a purely combinational hook still has a clock.
     m.domains.sync = ClockDomain()
     a = Signal(signed(LANE_BITS), name="a")
     b = Signal(signed(LANE_BITS), name="b")
-    out = build(m, a, b)
+    extra = ()
+    if table is not None:
+        m.submodules.table = table
+        extra = (table,)
+    out = build(m, a, b, *extra)
     if not isinstance(out, Value):
         out = Value.cast(out)
     if len(out) < LANE_BITS:
@@ -381,7 +409,22 @@ def _as_pairs(samples: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
     return pairs
 
 
-def check_hardware(op: Intrinsic, samples: Iterable[tuple[int, int]]) -> None:
+def _table_of(op: Intrinsic, table, row_entries: int) -> TableMemory | None:
+    """The :class:`TableMemory` holding ``table`` for a hook of an op that reads one."""
+    if not op.reads_table:
+        if table is not None:
+            raise ValueError(f"ALU op {op.name} does not read the table memory: pass no table")
+        return None
+    if table is None:
+        raise ValueError(f"ALU op {op.name} reads the table memory: pass table=")
+    values = np.asarray(table).reshape(-1)
+    if values.min(initial=0) < -128 or values.max(initial=0) > 127:
+        raise ValueError("table entries must be int8 values")
+    return TableMemory(values.size, min(row_entries, values.size), values.tolist())
+
+
+def check_hardware(op: Intrinsic, samples: Iterable[tuple[int, int]], *,
+                   table=None, row_entries: int = 16) -> None:
     """Check the hook of ``op`` against ``op.apply`` in Amaranth's simulator.
 
     The hook runs alone, fully pipelined: one ``(a, b)`` pair per cycle, the
@@ -390,22 +433,30 @@ def check_hardware(op: Intrinsic, samples: Iterable[tuple[int, int]]) -> None:
     Args:
         op: a registered (or not) Intrinsic with ``hardware=AluHardware(...)``.
         samples: ``(a, b)`` int32 pairs.
+        table: for an op that ``reads_table``, the table memory's int8 entries (a
+            power of two of them), held by a :class:`TableMemory` of ``row_entries``
+            entries a word (the lanes of a config) and given to ``op.apply`` as
+            ``table=``.
 
     Raises:
         AssertionError: at the first mismatch (with a, b, expected, got; and a
             hint when the outputs match another number of pipeline stages).
         RegistryError: ``op`` has no hardware hook.
+        ValueError: a table missing for an op that reads one, or given to one that
+            does not.
     """
     hw = hardware_of(op)
     stages = hook_stages(op)
+    memory = _table_of(op, table, row_entries)
     pairs = _as_pairs(samples)
     if not pairs:
         return
     a_arr = np.array([p[0] for p in pairs], dtype=np.int64)
     b_arr = np.array([p[1] for p in pairs], dtype=np.int64)
-    expected = [int(v) for v in op.apply(a_arr, b_arr, LANE_BITS)]
+    flat = None if table is None else np.asarray(table, dtype=np.int64).reshape(-1)
+    expected = [int(v) for v in op.apply(a_arr, b_arr, LANE_BITS, table=flat)]
     slack = 3  # extra cycles, to recognise a hook with too many stages
-    seen = _run_pipelined(hw.build, pairs, stages + slack)
+    seen = _run_pipelined(hw.build, pairs, stages + slack, memory)
     for i, want in enumerate(expected):
         got = seen[i + stages]
         if got != want:

@@ -22,6 +22,7 @@ from amaranth.lib.wiring import In, Out
 from tessera.config import HwConfig
 from tessera.isa import MemType, get_isa
 from tessera.isa.encoding import DMA_SIZE_BITS, DRAM_ADDR_BITS, PAD_BITS
+from tessera.isa.instructions import LOAD_MODULE
 from tessera.regmap import (AXI_ADDR_BITS, AXI_BOUNDARY_BYTES, AXI_LEN_BITS, ERROR_CODE_BITS,
                             ErrorCode)
 
@@ -30,7 +31,7 @@ from .ports import (AXI_BURST_INCR, AXI_RESP_OKAY, axi_signature, sram_read_sign
                     sram_write_signature)
 
 __all__ = ["ELEM_ADDR_BITS", "BurstAddressGenerator", "DmaEngine", "DmaReader", "EngineLogic",
-           "sram_addr_bits"]
+           "load_modules", "sram_addr_bits"]
 
 #: A row's element address dram_base + y * x_stride may exceed 32 bits before the
 #: address check has rejected the instruction (or one row past the last).
@@ -40,6 +41,14 @@ ELEM_ADDR_BITS = DRAM_ADDR_BITS + DMA_SIZE_BITS + 1
 def _log2(n: int) -> int:
     assert n > 0 and n & (n - 1) == 0, n
     return n.bit_length() - 1
+
+
+def load_modules(config: HwConfig) -> dict[MemType, str]:
+    """The memory types a LOAD may write on ``config``, with the module that runs each
+    (``LOAD_MODULE``; tbl only with a table memory: elsewhere the fetch rejects it with
+    ``ErrorCode.MEM_TYPE``, as ``check_instruction`` does)."""
+    return {mt: module for mt, module in LOAD_MODULE.items()
+            if mt != MemType.TBL or config.table_entries}
 
 
 def sram_addr_bits(depth: int) -> int:
@@ -189,14 +198,22 @@ class DmaEngine(wiring.Component):
     """What both engines share: the buffer's geometry and the start/busy/error,
     AXI and SRAM ports (a reader writes the buffer, a writer reads it)."""
 
-    def __init__(self, config: HwConfig, mem: MemType, axi_id: int, *, read: bool) -> None:
+    def __init__(self, config: HwConfig, mem: MemType, axi_id: int, *, read: bool,
+                 also: tuple[MemType, ...] = ()) -> None:
         isa = get_isa(config)
         self.config = config
         self.mem = MemType(mem)
+        #: Every memory type the engine serves: ``mem`` and those of ``also`` (same element).
+        self.mems = (self.mem,) + tuple(MemType(mt) for mt in also)
         self.axi_id = axi_id
         self.elem_bytes = isa.elem_bytes(self.mem)
+        if any(isa.elem_bytes(mt) != self.elem_bytes for mt in self.mems):
+            raise ValueError(f"one DMA engine serves memory types of one element size, "
+                             f"not {[mt.label for mt in self.mems]}")
         self.entry_bits = 8 * self.elem_bytes
-        self.depth = isa.depth(self.mem)
+        #: Entries of each memory type's buffer; ``depth`` the largest.
+        self.depths = {mt: isa.depth(mt) for mt in self.mems}
+        self.depth = max(self.depths.values())
         self.addr_bits = sram_addr_bits(self.depth)
         self._geo = _Geometry(config, self.elem_bytes)
         sram = sram_write_signature if read else sram_read_signature
@@ -283,16 +300,23 @@ class DmaReader(DmaEngine):
 
     ``start`` is ignored while ``busy``. Attributes: ``elem_bytes`` (bytes
     per element = per entry), ``entry_bits``, ``lane_bits``, ``depth`` and
-    ``addr_bits`` of the buffer. ``insn.mem`` is not looked at: the engine
-    serves ``mem``.
+    ``addr_bits`` of the buffer (the largest, with ``also``). The engine serves
+    ``mem``, and the memory types of ``also`` with the same element and lanes (acc8
+    and tbl: rows of int8 lanes); ``insn.mem`` only picks the depth its block is
+    checked against, the caller routes the writes.
     """
 
-    def __init__(self, config: HwConfig, mem: MemType, axi_id: int) -> None:
-        super().__init__(config, mem, axi_id, read=True)
+    def __init__(self, config: HwConfig, mem: MemType, axi_id: int,
+                 also: tuple[MemType, ...] = ()) -> None:
+        super().__init__(config, mem, axi_id, read=True, also=also)
         #: Bits of one lane of an entry as it comes from DRAM (a uop is one lane).
-        self.lane_bits = {MemType.UOP: self.entry_bits, MemType.INP: config.inp_width,
-                          MemType.WGT: config.wgt_width, MemType.ACC: config.acc_width,
-                          MemType.ACC8: 8}[self.mem]
+        lanes = {MemType.UOP: self.entry_bits, MemType.INP: config.inp_width,
+                 MemType.WGT: config.wgt_width, MemType.ACC: config.acc_width,
+                 MemType.ACC8: 8, MemType.TBL: 8}
+        self.lane_bits = lanes[self.mem]
+        if any(lanes[mt] != self.lane_bits for mt in self.mems):
+            raise ValueError(f"one DMA reader serves memory types of one lane width, not "
+                             f"{[mt.label for mt in self.mems]}")
 
     def elaborate(self, platform):
         m = Module()
@@ -357,8 +381,16 @@ class _ReaderLogic(EngineLogic):
         self.cols, self.top_n, self.bot_n, self.side = cols, top_n, bot_n, side
         self.mid_start, self.bot_start = mid_start, bot_start
         # rows * cols without another multiplier: the three bands of the block.
-        self.sram_err = (bot_start + bot_n) > eng.depth
+        self.sram_err = (bot_start + bot_n) > self._depth()
         self.has_mid_now = (ins.y_size != 0) & (side != 0)
+
+    def _depth(self):
+        """The depth of the latched instruction's buffer (of ``mem`` unless ``also``)."""
+        eng = self.eng
+        depth = eng.depths[eng.mem]
+        for mt in eng.mems[1:]:
+            depth = Mux(self.ins.mem == mt, eng.depths[mt], depth)
+        return depth
 
     def _add_pad_registers(self) -> None:
         """The pad phases' cursors: TOP and BOT are runs of whole rows, MID the side pads

@@ -16,11 +16,11 @@ from tessera import timing
 from tessera.config import HwConfig
 from tessera.errors import ConfigError
 from tessera.isa import INSN_BITS, INSN_BYTES, MemType, Opcode
-from tessera.isa.instructions import LOAD_MODULE
 from tessera.isa.encoding import MEM_BITS, OPCODE_BITS, get_isa
 from tessera.regmap import AXI_BOUNDARY_BYTES, ErrorCode, axi_id
 
 from tessera.regmap import ERROR_CODE_BITS
+from .dma import load_modules
 from .ports import AXI_BURST_INCR, axi_signature
 from .sequencer import INDEX_BITS
 
@@ -141,7 +141,7 @@ class _FetchLogic:
         with m.Switch(opcode):
             with m.Case(Opcode.LOAD):
                 with m.Switch(mem):
-                    for mt, module in LOAD_MODULE.items():
+                    for mt, module in load_modules(self.cfg).items():
                         with m.Case(mt):
                             m.d.comb += target[module].eq(1)
                     with m.Default():

@@ -6,19 +6,18 @@ the top level connects the command queue and the token queues to it.
 """
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Module, Mux, Signal
+from amaranth.hdl import Cat, Module, Mux, Signal, Value
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from tessera.config import ACC_BANKS, HwConfig
 from tessera.isa import INSN_BITS, Alu, Finish, Gemm, Instruction, Load, MemType, Opcode, get_isa
 from tessera.isa.encoding import OPCODE_BITS
-from tessera.isa.instructions import LOAD_MODULE
 from tessera.regmap import axi_id
 from tessera.timing import COMPUTE_UNITS, compute_unit, units_awaited, units_taken
 
 from tessera.regmap import ERROR_CODE_BITS
-from .dma import DmaReader
+from .dma import DmaReader, load_modules
 from .dma_writer import DmaWriter
 from .layouts import alu_layout, gemm_layout, mem_layout
 from .ports import axi_read_members, axi_signature, sram_read_signature, sram_write_signature
@@ -56,20 +55,26 @@ def bank_addr(config: HwConfig, row):
     return row[:acc_bank_row_bits(config)]
 
 
+def _serves(eng: DmaReader, mem) -> Value:
+    """``mem`` (a memory-type Value) is one of those ``eng`` serves."""
+    return Cat(*(mem == mt for mt in eng.mems)).any()
+
+
 def _share_read_port(m: Module, axi, engines: dict, selected: Signal) -> None:
     """Engines of one module take turns on its AXI read port (one instruction at a time):
-    the selected engine drives the master's outputs, and only it sees the handshakes."""
+    the engine serving the ``selected`` memory type drives the master's outputs, and only
+    it sees the handshakes."""
     members = axi_read_members(len(axi.rdata))
-    for key, eng in engines.items():
-        mine = selected == key
+    for eng in engines.values():
+        mine = _serves(eng, selected)
         for name, member in members.items():
             if member.flow == In:
                 gated = name in ("arready", "rvalid")
                 m.d.comb += getattr(eng.axi, name).eq(getattr(axi, name) & mine if gated
                                                       else getattr(axi, name))
     with m.Switch(selected):
-        for key, eng in engines.items():
-            with m.Case(key):
+        for eng in engines.values():
+            with m.Case(*eng.mems):
                 m.d.comb += [getattr(axi, name).eq(getattr(eng.axi, name))
                              for name, member in members.items() if member.flow == Out]
 
@@ -79,9 +84,19 @@ def _mem_of(config: HwConfig, word) -> data.View:
     return data.View(layout, word[:layout.size])
 
 
+#: Memory types whose LOADs run on another type's DMA engine: tbl rows are acc8 rows
+#: (``batch x block_out`` int8 lanes), so one reader serves both (a reader less: its
+#: address generator, checks and block-size DSP).
+_SHARED_READERS = {MemType.TBL: MemType.ACC8}
+
+
 def _readers_for(config: HwConfig, module: str) -> dict[MemType, DmaReader]:
-    return {mt: DmaReader(config, mt, axi_id(module))
-            for mt, owner in LOAD_MODULE.items() if owner == module}
+    """The DMA engines of ``module``'s LOADs, by the first memory type each serves."""
+    mems = [mt for mt, owner in load_modules(config).items() if owner == module]
+    return {mt: DmaReader(config, mt, axi_id(module),
+                          also=tuple(s for s, host in _SHARED_READERS.items()
+                                     if host == mt and s in mems))
+            for mt in mems if mt not in _SHARED_READERS}
 
 
 class LoadModule(wiring.Component):
@@ -109,8 +124,8 @@ class LoadModule(wiring.Component):
         mem = _mem_of(self.config, seq.insn)
         with m.If(seq.start):
             m.d.sync += sel.eq(mem.mem)
-        for mt, eng in self.readers.items():
-            m.d.comb += [eng.insn.eq(mem), eng.start.eq(seq.start & (mem.mem == mt))]
+        for eng in self.readers.values():
+            m.d.comb += [eng.insn.eq(mem), eng.start.eq(seq.start & _serves(eng, mem.mem))]
         _share_read_port(m, self.axi, self.readers, sel)
         for mt, port in ((MemType.INP, self.inp_wr), (MemType.WGT, self.wgt_wr)):
             m.d.comb += [port.addr.eq(self.readers[mt].sram.addr),
@@ -160,7 +175,7 @@ def _masks(insn: Instruction) -> tuple[int, int]:
 
 
 class ComputeModule(wiring.Component):
-    """Runs LOAD uop/acc/acc8, GEMM, ALU and FINISH on two execution units.
+    """Runs LOAD uop/acc/acc8/tbl, GEMM, ALU and FINISH on two execution units.
 
     The sequencer has one unit per entry of ``tessera.timing.COMPUTE_UNITS``,
     each with its :class:`TensorPipeline` (GEMM, ALU); an instruction waits for
@@ -174,7 +189,8 @@ class ComputeModule(wiring.Component):
     (docs/timing.md, "Compute units"). Every accumulator write is mirrored
     into the output buffer, saturated to the output width. ``finish`` is high
     in the one cycle FINISH executes; ``error_index`` names the instruction
-    whose unit reports ``error``.
+    whose unit reports ``error``. LOAD tbl writes the ALU pipeline's table memory
+    (a config with ``table_entries`` = 0 has neither).
     """
 
     def __init__(self, config: HwConfig) -> None:
@@ -243,19 +259,25 @@ class ComputeModule(wiring.Component):
         m.d.comb += self.finish.eq(seq.start & (opcode == Opcode.FINISH))
 
     def _run_loads(self, m: Module, is_load) -> None:
-        """LOAD uop/acc/acc8: start the DMA of the memory type, which takes the AXI port;
-        the uop DMA writes the uop buffer."""
+        """LOAD uop/acc/acc8/tbl: start the DMA of the memory type, which takes the AXI
+        port; the uop DMA writes the uop buffer, the acc8 DMA the ALU's table memory when
+        the LOAD is a tbl one (``load_mem``, the memory type latched at its start)."""
         seq = self.seq
         mem = _mem_of(self.config, seq.insn)
-        sel = Signal(range(max(MemType) + 1))
+        self.load_mem = sel = Signal(range(max(MemType) + 1))
         with m.If(seq.start & is_load):
             m.d.sync += sel.eq(mem.mem)
-        for mt, eng in self.readers.items():
-            m.d.comb += [eng.insn.eq(mem), eng.start.eq(seq.start & is_load & (mem.mem == mt))]
+        for eng in self.readers.values():
+            m.d.comb += [eng.insn.eq(mem), eng.start.eq(seq.start & is_load & _serves(eng, mem.mem))]
         _share_read_port(m, self.axi, self.readers, sel)
         uop_dma = self.readers[MemType.UOP]
         m.d.comb += [self.uop_wr.addr.eq(uop_dma.sram.addr), self.uop_wr.data.eq(uop_dma.sram.data),
                      self.uop_wr.en.eq(uop_dma.sram.en)]
+        if self.config.table_entries:
+            rows = self.readers[_SHARED_READERS[MemType.TBL]].sram
+            tbl_wr = self.pipelines[compute_unit(Alu())].tbl_wr
+            m.d.comb += [tbl_wr.addr.eq(rows.addr), tbl_wr.data.eq(rows.data),
+                         tbl_wr.en.eq(rows.en & (sel == MemType.TBL))]
 
     def _acc_writes(self, m: Module, gemm: TensorPipeline, pipes: list) -> None:
         """Accumulator writes: the acc and acc8 DMAs share the GEMM unit's stream (a LOAD
@@ -264,6 +286,8 @@ class ComputeModule(wiring.Component):
         c = self.config
         lanes = c.batch * c.block_out
         acc8 = self.readers[MemType.ACC8].sram
+        acc8_en = acc8.en & (self.load_mem == MemType.ACC8) if self.config.table_entries \
+            else acc8.en
         acc8_wide = Cat(*(_sign_extend(acc8.data.word_select(j, 8), c.acc_width)
                           for j in range(lanes)))
         acc = self.readers[MemType.ACC].sram
@@ -272,7 +296,7 @@ class ComputeModule(wiring.Component):
         g_en = Signal(name="gemm_stream_en")
         with m.If(acc.en):
             m.d.comb += [g_en.eq(1), g_row.eq(acc.addr), g_wr.eq(acc.data)]
-        with m.Elif(acc8.en):
+        with m.Elif(acc8_en):
             m.d.comb += [g_en.eq(1), g_row.eq(acc8.addr), g_wr.eq(acc8_wide)]
         with m.Else():
             m.d.comb += [g_en.eq(gemm.acc_wr.en), g_row.eq(gemm.acc_wr.addr),

@@ -26,6 +26,11 @@ cycle ``t`` goes through:
 These are the numbers of docs/timing.md (``GEMM_LATENCY``,
 ``AluTiming.write_latency``); reads are not transparent, so a read in cycle
 ``t'+1`` sees writes of cycles up to ``t'``, which is the hazard rule.
+
+The ALU kind also holds the table memory (``HwConfig.table_entries``; none when it is
+0): a :class:`~tessera.hw.table.TableMemory` per lane, written through ``tbl_wr`` by
+``LOAD tbl`` (every lane's copy gets the whole row) and read by the hooks of the ops
+that ``reads_table``, each lane its own entry.
 """
 from __future__ import annotations
 
@@ -35,14 +40,16 @@ from amaranth.lib.wiring import In, Out
 
 from tessera.config import HwConfig
 from tessera.errors import ConfigError
-from tessera.isa import ALU_OPS, INSN_BITS, Alu, get_isa
+from tessera.isa import ALU_OPS, INSN_BITS, Alu, MemType, get_isa
 from tessera.isa.intrinsics import TENSOR_OPERAND_CYCLES
 from tessera.regmap import ERROR_CODE_BITS, ErrorCode
 from tessera.timing import COMPUTE_SETUP_CYCLES, COMPUTE_UNITS, GEMM_LATENCY, compute_unit
 
-from .alu_ops import ALU_BASE_LATENCY, hardware_of
+from .alu_ops import ALU_BASE_LATENCY, hardware_of, hook_stages
+from .dma import sram_addr_bits
 from .layouts import alu_layout, gemm_layout, uop_layout
 from .ports import sram_read_signature, sram_write_signature
+from .table import TableMemory
 
 #: Pipeline stage at which every operation has read its rows and the GEMM sum is formed.
 _GEMM_SUM_STAGE = 2
@@ -60,10 +67,11 @@ assert TENSOR_OPERAND_CYCLES == 1
 ALU_UNIT = compute_unit(Alu())
 
 
-def _alu_ops_with_timing():
-    """Registered ALU ops whose hardware this build instantiates, with their timing."""
+def _alu_ops_with_timing(config: HwConfig):
+    """The ALU ops ``config`` has (``ALU_OPS.available``: those reading the table memory
+    only with one), whose hardware this build instantiates, with their hooks."""
     ops = []
-    for op in ALU_OPS:
+    for op in ALU_OPS.available(config):
         t = op.timing
         # Two rows through one read port take two cycles; an op ignoring dst reads one.
         min_ii_tensor = 1 + TENSOR_OPERAND_CYCLES if t.reads_dst else 1
@@ -71,6 +79,7 @@ def _alu_ops_with_timing():
             raise ConfigError(f"ALU op {op.name}: the hardware needs ii_imm >= 1, ii_tensor >= "
                               f"{min_ii_tensor} (the rows it reads through one port) and "
                               f"latency >= {ALU_BASE_LATENCY}, not {t}")
+        hook_stages(op)    # a table reader needs its read's stage
         ops.append((op, hardware_of(op)))
     return ops
 
@@ -101,6 +110,10 @@ class TensorPipeline(wiring.Component):
         if not self.is_alu:
             members["inp"] = Out(sram_read_signature(c.inp_index_bits, c.inp_entry_bytes * 8))
             members["wgt"] = Out(sram_read_signature(c.wgt_index_bits, c.wgt_entry_bytes * 8))
+        elif c.table_entries:
+            # LOAD tbl's rows (the DMA drives it: In, seen from the pipeline).
+            members["tbl_wr"] = In(sram_write_signature(sram_addr_bits(isa.depth(MemType.TBL)),
+                                                        8 * isa.elem_bytes(MemType.TBL)))
         super().__init__(members)
 
     def elaborate(self, platform) -> Module:
@@ -125,7 +138,7 @@ class _PipelineBuilder:
         self.pipe, self.m = pipe, m
         c = self.c = pipe.config
         is_alu = self.is_alu = pipe.is_alu
-        self.ops = ops = _alu_ops_with_timing() if is_alu else []
+        self.ops = ops = _alu_ops_with_timing(c) if is_alu else []
         layout = alu_layout(c) if is_alu else gemm_layout(c)
         f = self.f = data.View(layout, pipe.insn[:layout.size])
         self.kinds = ("dst", "src") if is_alu else ("dst", "src", "wgt")
@@ -372,6 +385,7 @@ class _PipelineBuilder:
         b_row = [Signal(signed(lane_w), name=f"b_row{j}") for j in range(lanes)]
         m.d.comb += [b_row[j].eq(Mux(self.two_reads, b_reg[j], acc_lanes[j]))
                      for j in range(lanes)]
+        tables = self._add_tables()
         op_results = {}
         for op, hw in self.ops:
             operand = hw.operand_of_imm(imm, len(imm))
@@ -380,7 +394,8 @@ class _PipelineBuilder:
                 a_in = Signal(signed(lane_w), name=f"{op.name.lower()}_a{j}")
                 b_in = Signal(signed(lane_w), name=f"{op.name.lower()}_b{j}")
                 m.d.comb += [a_in.eq(acc_lanes[j]), b_in.eq(Mux(self.use_imm, operand, b_row[j]))]
-                lanes_out.append(hw.build(m, a_in, b_in)[:lane_w])
+                table = (tables[j],) if op.reads_table else ()
+                lanes_out.append(hw.build(m, a_in, b_in, *table)[:lane_w])
             op_results[op.opcode] = Cat(*lanes_out)
         with m.Switch(self.alu_op):
             for code, value in op_results.items():
@@ -388,6 +403,21 @@ class _PipelineBuilder:
                     m.d.sync += alu_result.eq(value)
         with m.If(self.reset):
             m.d.sync += alu_result.eq(0)
+
+
+    def _add_tables(self) -> list[TableMemory]:
+        """A copy of the table memory per lane (none without one), each written every
+        row ``tbl_wr`` brings."""
+        c, m, pipe = self.c, self.m, self.pipe
+        if not c.table_entries:
+            return []
+        tables = []
+        for j in range(pipe.lanes):
+            table = TableMemory(c.table_entries, pipe.lanes, name=f"tbl{j}")
+            m.submodules[f"tbl{j}"] = table
+            table.write(m, pipe.tbl_wr.addr, pipe.tbl_wr.data, pipe.tbl_wr.en)
+            tables.append(table)
+        return tables
 
 
 #: Two int8 products per multiplier (one DSP48 each on Xilinx parts): see _paired_products.

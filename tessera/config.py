@@ -165,6 +165,11 @@ class HwConfig:
         return self.table_entries // (self.batch * self.block_out)
 
     @property
+    def table_index_bits(self) -> int:
+        """Bits of a table-memory row index (``LOAD tbl``'s ``sram_base``)."""
+        return _clog2(self.table_rows)
+
+    @property
     def uop_index_bits(self) -> int:
         return _clog2(self.uop_depth)
 
@@ -266,7 +271,7 @@ PRESETS: dict[str, HwConfig] = {
     "tiny": HwConfig(
         name="tiny", batch=1, block_in=4, block_out=4,
         uop_depth=128, inp_depth=128, wgt_depth=64, acc_depth=128, out_depth=128,
-        cmd_queue_depth=8, token_queue_depth=8, loop_bits=8,
+        cmd_queue_depth=8, token_queue_depth=8, loop_bits=8, table_entries=256,
         dram_latency=8, ddr_bytes_per_cycle=16.0, part="xc7z020clg400-1",
     ),
     # ZCU104 (xczu7ev): 32x32 core at 200 MHz, 128-bit HP ports, DDR4 at

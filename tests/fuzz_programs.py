@@ -4,8 +4,9 @@ Two families, both drawn from one integer seed:
 
 * ``instructions``: a fully synchronised program (see :func:`tests.programs.single_shot`)
   of random LOADs (any memory type, strides, pads, unaligned rows), random
-  GEMM and ALU loop nests (MOV included) over random uops, each nest in one
-  accumulator bank, and random STOREs;
+  GEMM and ALU loop nests (MOV included; LUT, and LOADs of whole 256-entry tables
+  into the ALU table memory, on configs that have one) over random uops, each nest
+  in one accumulator bank, and random STOREs;
 * ``pipeline``: the blocked GEMM kernel with random sizes, 1 or 2 virtual
   threads (the second one moved to the second accumulator bank) and a random
   epilogue, whose modules overlap and contend for DRAM.
@@ -21,7 +22,8 @@ import numpy as np
 
 from tessera.config import ACC_BANKS, HwConfig
 from tessera.errors import ProgramError
-from tessera.isa import ALU_OPS, Alu, Gemm, Instruction, MemType, Program, Store, Uop, get_isa
+from tessera.isa import (ALU_OPS, Alu, Gemm, Instruction, Load, MemType, Program, Store, Uop,
+                         get_isa)
 from tessera.isa import module_of, requant
 from tessera.kernels.gemm import gemm_program, plan_gemm
 from tessera.timing import COMPUTE_UNITS, compute_unit, units_awaited
@@ -149,6 +151,57 @@ def _dma_fields(rng: np.random.Generator, depth: int, *, pads: bool) -> dict:
     return f
 
 
+def _table_ops(config: HwConfig) -> list[str]:
+    """The ALU ops of ``config`` that read the table memory (LUT, when registered)."""
+    return [op.name for op in ALU_OPS.available(config) if op.reads_table]
+
+
+def _reachable_rows(config: HwConfig, mem: MemType) -> int:
+    """Entries of ``mem`` a LOAD's ``sram_base`` can start at (a table memory may have
+    more rows than the field, sized by the other buffers, can name)."""
+    isa = get_isa(config)
+    return min(isa.depth(mem), isa.layouts[Load.opcode].field("sram_base").hi + 1)
+
+
+def _seed_rows(config: HwConfig, rng: np.random.Generator, rows: int, seg_entries: int
+               ) -> list:
+    """Mostly LOAD acc of random values into the rows the nests start at (the first
+    ``rows`` of each bank), so their ops see values of every byte, not zeros."""
+    bank, n = config.acc_bank_rows, min(rows, seg_entries)
+    return [load("acc", MemType.ACC, int(rng.integers(0, seg_entries - n + 1)), x_size=n,
+                 sram_base=b * bank) for b in range(ACC_BANKS) if rng.random() < 0.7]
+
+
+def _table_loads(config: HwConfig, rng: np.random.Generator) -> tuple[list, int]:
+    """Mostly a LOAD tbl of a whole 256-entry table of segment ``tbl`` into a random table
+    slot; and the slot's first entry, the base LUTs mostly look up from."""
+    rows = 256 // (config.batch * config.block_out)
+    slot = int(rng.integers(0, _reachable_rows(config, MemType.TBL) // rows))
+    if rng.random() < 0.2:
+        return [], slot * 256
+    return [load("tbl", MemType.TBL, int(rng.integers(0, config.table_rows // rows)) * rows,
+                 x_size=rows, sram_base=slot * rows)], slot * 256
+
+
+def _alu_imm(isa, name: str, rng: np.random.Generator, table_base: int) -> int:
+    """A random immediate for ALU op ``name``: any value of the field, or one the op
+    makes interesting (shift amounts around the saturation points, small factors,
+    requantization parameters, a LUT base near the loaded table)."""
+    field = isa.layouts[Alu.opcode].field("imm")
+    imm = int(rng.integers(field.lo, field.hi + 1))
+    if name == "SHR":
+        imm = int(rng.integers(-40, 40))
+    elif name == "MUL":
+        imm = int(rng.integers(-100, 100))
+    elif name == "REQUANT" and field.width == 32:
+        word = requant.pack_params(*requant.scale_to_params(
+            np.float32(rng.uniform(1e-3, 2.0))))
+        imm = int(np.asarray(word, np.int64).reshape(-1)[0].astype(np.int32))
+    elif name in _table_ops(isa.config) and rng.random() < 0.75:
+        imm = table_base + int(rng.integers(-4, 5))
+    return imm
+
+
 def _instructions(config: HwConfig, rng: np.random.Generator) -> Program:
     c = config
     isa = get_isa(c)
@@ -160,6 +213,8 @@ def _instructions(config: HwConfig, rng: np.random.Generator) -> Program:
     acc = rng.integers(-2000, 2000, seg_entries * c.batch * c.block_out).astype(np.int32)
     segments["acc"] = acc
     segments["out"] = seg_entries * isa.elem_bytes(MemType.OUT)
+    if c.table_entries:
+        segments["tbl"] = rng.integers(-128, 128, c.table_entries, dtype=np.int8)
 
     loads = []
     for _ in range(int(rng.integers(0, 4))):
@@ -175,13 +230,15 @@ def _instructions(config: HwConfig, rng: np.random.Generator) -> Program:
                 src=b * bank + int(rng.integers(0, quarter)),
                 wgt=int(rng.integers(0, c.wgt_depth // 2)))
             for b in range(ACC_BANKS) for _ in range(per_bank)]
-    compute = []
+    compute, table_base = _table_loads(c, rng) if c.table_entries else ([], 0)
+    compute = _seed_rows(c, rng, quarter, seg_entries) + compute
     bank_of_last = 0
     for _ in range(int(rng.integers(1, 7))):
         kind = rng.random()
         if kind < 0.2:
-            mem = MemType.ACC if rng.random() < 0.5 else MemType.ACC8
-            f = _dma_fields(rng, c.acc_depth, pads=mem == MemType.ACC)
+            mem = MemType(rng.choice([MemType.ACC, MemType.ACC8]
+                                     + ([MemType.TBL] if c.table_entries else [])))
+            f = _dma_fields(rng, _reachable_rows(c, mem), pads=mem in (MemType.ACC, MemType.TBL))
             compute.append(load(mem.label, mem, int(rng.integers(0, 8)), **f))
             continue
         # Mostly the other bank than the last nest's: such neighbours may overlap.
@@ -199,23 +256,18 @@ def _instructions(config: HwConfig, rng: np.random.Generator) -> Program:
                                 wgt_factor_in=int(rng.integers(0, 3)), **loop))
         else:
             op = ALU_OPS.by_name(str(rng.choice(["MIN", "MAX", "ADD", "SUB", "SHR", "MUL", "CLIP",
-                                                 "REQUANT", "MOV"])))
+                                                 "REQUANT", "MOV"] + 2 * _table_ops(c))))
             use_imm = bool(rng.random() < 0.5)
-            field = isa.layouts[Alu.opcode].field("imm")
-            imm = int(rng.integers(field.lo, field.hi + 1))
-            if op.name == "SHR":
-                imm = int(rng.integers(-40, 40))
-            elif op.name == "MUL":
-                imm = int(rng.integers(-100, 100))
-            elif op.name == "REQUANT" and field.width == 32:
-                word = requant.pack_params(*requant.scale_to_params(
-                    np.float32(rng.uniform(1e-3, 2.0))))
-                imm = int(np.asarray(word, np.int64).reshape(-1)[0].astype(np.int32))
+            imm = _alu_imm(isa, op.name, rng, table_base)
             compute.append(Alu(alu_op=op.opcode, use_imm=use_imm, imm=imm, **loop))
 
     stores = []
     for _ in range(int(rng.integers(1, 3))):
         f = _dma_fields(rng, c.acc_depth, pads=False)
+        if rng.random() < 0.5:   # from a row the nests write, so their results are seen
+            last = c.acc_depth - f["y_size"] * f["x_stride"]
+            f["sram_base"] = min(last, max(0, int(rng.choice([u.dst for u in uops]))
+                                           - int(rng.integers(0, 3))))
         stores.append(store("out", int(rng.integers(0, 4)), **f))
     program = single_shot(c, segments=segments, uops=uops, loads=loads, compute=compute,
                           stores=stores)

@@ -141,9 +141,11 @@ _devices: dict[tuple[str, HwConfig], Any] = {}
 
 
 def device(backend: str, config: HwConfig):
-    """One long-lived device per backend and config (reset to power-up before each run),
-    closed when the test process exits."""
-    key = (backend, config)
+    """One long-lived device per backend, config and set of registered ALU ops (an RTL
+    build has the hardware of the ops registered when it was made; reset to power-up
+    before each run), closed when the test process exits."""
+    from tessera.isa import ALU_OPS
+    key = (backend, config, tuple((op.name, op.opcode) for op in ALU_OPS))
     if key not in _devices:
         from tessera.runtime import open_device
 

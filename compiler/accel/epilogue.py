@@ -170,11 +170,14 @@ class _StageLowering:
 
     # ------------------------------------------------------------ stages
     def lower(self, stages: tuple[Stage, ...]) -> EpiloguePlan:
-        """Lower every stage in order (a clamp may absorb the trailing zero point)."""
+        """Lower every stage in order (a clamp may absorb the zero point after it)."""
         stages = list(stages)
-        for k, st in enumerate(stages):
+        k = 0
+        while k < len(stages):
+            st = stages[k]
+            k += 1
             if isinstance(st, Bias):
-                self.bias(st, first=k == 0)
+                self.bias(st, first=k == 1)
             elif isinstance(st, Requant):
                 self.requant(st)
             elif isinstance(st, Shift):
@@ -190,8 +193,7 @@ class _StageLowering:
             elif isinstance(st, ReluSum):
                 self.relu_sum(st)
             elif isinstance(st, Clip):
-                if self.clip(st, stages[k + 1:]):
-                    break
+                k += self.clip(st, stages[k:])
             else:
                 raise CompileError(f"{self.where}: unknown epilogue stage {st!r}")
         return self.plan
@@ -289,32 +291,48 @@ class _StageLowering:
         self.set_range(INT32_MIN, INT32_MAX)
         self.wrapped = False    # the fit keeps every partial sum inside int32
 
-    def clip(self, st: Clip, rest: list[Stage]) -> bool:
-        """Lower a clamp; True when it also lowered the trailing zero point ``rest[0]``."""
+    def saturation(self, rest: list[Stage]) -> tuple[int, int] | None:
+        """The clamp the step after a clamp performs anyway: the store's saturation to the
+        output width when nothing follows, an op that saturates its input
+        (:attr:`~.ops.Apply.saturates`), else none."""
+        if not rest:
+            return self.out_lo, self.out_hi
+        if isinstance(rest[0], Apply):
+            return rest[0].saturates
+        return None
+
+    def clip(self, st: Clip, rest: list[Stage]) -> int:
+        """Lower a clamp; returns 1 when it also lowered the zero point ``rest[0]``."""
         c_lo = st.lo if st.lo is not None else INT32_MIN
         c_hi = st.hi if st.hi is not None else INT32_MAX
-        # Clip then a trailing zero point: add first, clip shifted bounds (no overflow).
-        if len(rest) == 1 and isinstance(rest[0], AddConst) and not self.wrapped:
+        # Clip then a zero point before a saturating step: add first, then clip the
+        # shifted bounds (no overflow), which the saturation may make unnecessary.
+        if (rest and isinstance(rest[0], AddConst) and not self.wrapped
+                and self.saturation(rest[1:]) is not None):
             z = int(rest[0].value)
             if INT32_MIN <= self.lo + z and self.hi + z <= INT32_MAX:
                 self.alu("ADD", z)
                 self.set_range(self.lo + z, self.hi + z)
                 self.clamp(c_lo + z if st.lo is not None else None,
-                           c_hi + z if st.hi is not None else None, last=True)
-                return True
-        self.clamp(st.lo, st.hi, last=not rest)
+                           c_hi + z if st.hi is not None else None,
+                           self.saturation(rest[1:]))
+                self.set_range(max(self.lo, c_lo + z), min(self.hi, c_hi + z))
+                return 1
+        self.clamp(st.lo, st.hi, self.saturation(rest))
         self.set_range(max(self.lo, c_lo), min(self.hi, c_hi))
-        return False
+        return 0
 
-    def clamp(self, lo: int | None, hi: int | None, *, last: bool) -> None:
+    def clamp(self, lo: int | None, hi: int | None, saturation: tuple[int, int] | None
+              ) -> None:
         """Emit the cheapest clamp to ``[lo, hi]`` of the values.
 
-        As the last step, bounds the store's saturation to the output width
-        enforces anyway are dropped; bounds outside the value range never act.
+        Bounds the next step's ``saturation`` enforces anyway (the store's, as the last
+        step) are dropped; bounds outside the value range never act.
         """
-        if lo is not None and (lo <= self.lo or (last and lo <= self.out_lo)):
+        sat_lo, sat_hi = saturation if saturation is not None else (None, None)
+        if lo is not None and (lo <= self.lo or (sat_lo is not None and lo <= sat_lo)):
             lo = None
-        if hi is not None and (hi >= self.hi or (last and hi >= self.out_hi)):
+        if hi is not None and (hi >= self.hi or (sat_hi is not None and hi >= sat_hi)):
             hi = None
         if lo is None and hi is None:
             return

@@ -115,13 +115,16 @@ class Apply:
     ``table``: ``op`` reads the ALU table memory; the table (int8 entries) is loaded with
     the operator and ``value`` is added to its first entry's index (the operand the op
     gets). ``out_range``: bounds of the result when known (a table's smallest and largest
-    entry), for the epilogue's range reasoning; ``None``: any int32.
+    entry), for the epilogue's range reasoning; ``None``: any int32. ``saturates``: the op
+    reads its input clamped to this range (the LUT looks up the int8 value), so a clamp
+    just before it need not reach those bounds.
     """
 
     op: str
     value: int = 0
     table: np.ndarray | None = None
     out_range: tuple[int, int] | None = None
+    saturates: tuple[int, int] | None = None
 
 
 Stage = Union[Bias, Requant, Shift, Residual, Clip, AddConst, Mul, Apply, ReluSum]

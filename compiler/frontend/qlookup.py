@@ -235,6 +235,29 @@ def _replace(graph: Graph, q: Node, found: _Subgraph) -> bool:
     return True
 
 
+def compose_lookups(graph: Graph) -> int:
+    """Merge each ``QLookup`` that reads another one's output (read by nothing else) into
+    one table, ``outer[inner[byte]]``: exact, since both are tables of the stored values.
+    An activation followed by a Concat's requantization becomes one lookup. Returns the
+    number merged."""
+    count = 0
+    for outer in [n for n in graph.nodes if n.op == LOOKUP_OP and n.domain == DOMAIN]:
+        inner = graph.producer(outer.inputs[0])
+        mid = outer.inputs[0]
+        if (inner is None or inner.op != LOOKUP_OP or inner.domain != DOMAIN
+                or len(graph.consumers(mid)) != 1 or mid in graph.outputs):
+            continue
+        first, second = graph.const(inner.inputs[1]), graph.const(outer.inputs[1])
+        table_name = graph.unique_name(f"{outer.name}.table")
+        graph.add_const(table_name, second[np.asarray(first).view(np.uint8)])
+        outer.inputs[:] = [inner.inputs[0], table_name]
+        outer.attrs["ops"] = ",".join(filter(None, (inner.attr("ops"), outer.attr("ops"))))
+        graph.remove_nodes([inner])
+        graph.values.pop(mid, None)
+        count += 1
+    return count
+
+
 def _remove_dead(graph: Graph, nodes: list[Node]) -> None:
     """Remove the ``nodes`` whose outputs nothing reads any more (readers first)."""
     for node in reversed(nodes):

@@ -3,10 +3,11 @@
 ``LUT`` maps every lane through a 256-entry table held in the tensor ALU's table memory
 (``HwConfig.table_entries`` int8 entries, loaded by ``LOAD tbl``; see docs/timing.md)::
 
-    y = table[(b + (a & 0xFF)) mod table_entries]      (sign-extended int8)
+    y = table[(b + byte(clamp(a, -128, 127))) mod table_entries]      (sign-extended int8)
 
-``a`` is the accumulator lane, whose low byte is the int8 value to look up (the
-requantized, clamped output of a conv's epilogue, say); ``b`` (the immediate, or a
+``a`` is the accumulator lane holding the value to look up (the requantized output of a
+conv's epilogue, say), saturated to int8 by the op itself, so the epilogue needs no clamp
+before it (the store would saturate a result without a lookup alike); ``b`` (the immediate, or a
 parameter row: one table per channel) is the first entry of the table, so several
 tables stay resident and one segment can use more than one activation. onnxruntime runs
 quantized activations as exactly such tables (QLinearSigmoid, QLinearLeakyRelu), so a
@@ -33,8 +34,9 @@ OPCODE = 15
 
 
 def table_index(a: np.ndarray, b: np.ndarray, entries: int) -> np.ndarray:
-    """The table-memory entry each lane reads: ``(b + (a & 0xFF)) mod entries``."""
-    return (b + (a & (ENTRIES - 1))) & (entries - 1)
+    """The table-memory entry each lane reads: ``(b + byte of a saturated to int8) mod
+    entries``."""
+    return (b + (np.clip(a, -128, 127) & (ENTRIES - 1))) & (entries - 1)
 
 
 def _lookup(a: np.ndarray, b: np.ndarray, table: np.ndarray) -> np.ndarray:
@@ -44,8 +46,8 @@ def _lookup(a: np.ndarray, b: np.ndarray, table: np.ndarray) -> np.ndarray:
 #: One more cycle than the fast ops: the table memory's synchronous read.
 LUT = Intrinsic(
     "LUT", OPCODE, _lookup, AluTiming(ii_imm=1, ii_tensor=2, latency=4), reads_table=True,
-    doc="table[(b + (a & 0xFF)) mod table_entries]: an int8 lookup in the ALU table "
-        "memory; b (immediate or per-channel row) is the table's first entry",
+    doc="table[(b + byte(clamp(a, -128, 127))) mod table_entries]: an int8 lookup in the "
+        "ALU table memory; b (immediate or per-channel row) is the table's first entry",
     hardware="tessera.plugins.lut.hardware:LUT_HARDWARE",
     patterns="tessera.plugins.lut.rules:PATTERNS")
 

@@ -7,17 +7,16 @@ Written against the public extension API only (:mod:`tessera.compiler.accel.patt
 """
 from __future__ import annotations
 
-from tessera.compiler.accel.ops import Apply, Clip
+from tessera.compiler.accel.ops import Apply
 from tessera.compiler.accel.patterns import Pattern, PatternContext
 
 
 def _lookup(ctx: PatternContext):
-    """Clamp to int8 (the LUT indexes the low byte: the value must be the int8 the
-    node reads, which the store's saturation would otherwise make it only later), then
-    the table."""
+    """The table; the LUT saturates its input to int8 itself, as the store would, so a
+    conv's requantization needs no clamp before it (``saturates``)."""
     table = ctx.lookup_table()
-    return (Clip(-128, 127),
-            Apply("LUT", table=table, out_range=(int(table.min()), int(table.max()))))
+    return (Apply("LUT", table=table, out_range=(int(table.min()), int(table.max())),
+                  saturates=(-128, 127)),)
 
 
 PATTERNS = (Pattern("QLookup", _lookup, doc="any int8 -> int8 function as a 256-entry table"),)

@@ -128,7 +128,9 @@ class Isa:
         self.config = config
         c = config
         head = [("opcode", OPCODE_BITS)] + [(flag, 1) for flag in DEP_FLAGS]
-        sram_bits = max(c.uop_index_bits, c.inp_index_bits, c.wgt_index_bits, c.acc_index_bits)
+        # Every buffer a LOAD can write must be addressable, the table memory's rows too.
+        sram_bits = max(c.uop_index_bits, c.inp_index_bits, c.wgt_index_bits, c.acc_index_bits,
+                        c.table_index_bits)
         loop = [("reset", 1), ("overlap", 1), ("uop_begin", c.uop_index_bits), ("uop_end", c.uop_index_bits + 1),
                 ("iter_out", c.loop_bits), ("iter_in", c.loop_bits),
                 ("dst_factor_out", c.acc_index_bits), ("dst_factor_in", c.acc_index_bits)]

@@ -106,3 +106,41 @@ def test_approximation_needs_pieces_or_tolerance():
         tessera.compile(model, NO_LUT, calibration=feeds, activations="approximate")
     with pytest.raises(CompileError, match="'exact' or 'approximate'"):
         tessera.compile(model, NO_LUT, calibration=feeds, activations="fast")
+
+
+def concat_of_branches(seed: int = 3):
+    """Two Conv -> SiLU branches of different ranges, concatenated, then a Conv: the
+    quantizer gives each Concat input its own scale (a float Concat between Q/DQ)."""
+    rng = np.random.default_rng(seed)
+    inits, nodes = [], []
+    for k, spread in enumerate((0.2, 0.9)):
+        inits.append(numpy_helper.from_array(
+            rng.normal(0, spread, (16, 3, 3, 3)).astype(np.float32), f"w{k}"))
+        nodes += [helper.make_node("Conv", ["x", f"w{k}"], [f"h{k}"], pads=[1, 1, 1, 1]),
+                  helper.make_node("Sigmoid", [f"h{k}"], [f"s{k}"]),
+                  helper.make_node("Mul", [f"h{k}", f"s{k}"], [f"a{k}"])]
+    inits.append(numpy_helper.from_array(rng.normal(0, 0.1, (16, 32, 1, 1))
+                                         .astype(np.float32), "w2"))
+    nodes += [helper.make_node("Concat", ["a0", "a1"], ["c"], axis=1),
+              helper.make_node("Conv", ["c", "w2"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "branches", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 32, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 32, 32])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return model, [{"x": rng.normal(0, 1, (1, 3, 32, 32)).astype(np.float32)} for _ in range(4)]
+
+
+def test_requantizing_concat_merges_into_the_activation_tables():
+    """Each input's requantization to the Concat's scale is a table, merged into the SiLU
+    table before it: the Concat becomes an int8 concat stored in place, one segment."""
+    model, feeds = concat_of_branches()
+    net = tessera.compile(model, PYNQ, calibration=feeds)
+    by_op = {}
+    for p in net.compiled.placements:
+        by_op.setdefault(p.op, []).append(p)
+    assert len(by_op["QLookup"]) == 2 and all(p.target == "accelerator"
+                                               for p in by_op["QLookup"])
+    assert [p.target for p in by_op["Concat"]] == ["accelerator"]
+    assert net.compiled.stats["segments"] == 1
+    out, _ = net.run(feeds[1], backend="sim")
+    np.testing.assert_array_equal(out["y"], reference(net, feeds[1]))

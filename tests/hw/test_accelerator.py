@@ -78,9 +78,9 @@ def _run_raw(program, patch: dict[int, int] | None = None, *, reset: bool = True
 
 
 
-def _with_finish(first):
+def _with_finish(first, config=TINY):
     """``first`` then a FINISH that waits for it (through a token when it is not compute's)."""
-    p = Program(TINY)
+    p = Program(config)
     p.add_segment("x", 256)
     module = module_of(first)
     if module == "load":
@@ -158,6 +158,31 @@ def test_error_index_names_the_failing_unit_s_instruction(failing, code, sim_err
     assert info.value.index == index
     status, got, got_index = _run_raw(program)
     assert status & regmap.STATUS_ERROR and (got, got_index) == (code, index)
+
+
+#: A config without the ALU table memory, and the two instructions that need it.
+NO_TABLE = TINY.replace(name="tiny-notable", table_entries=0)
+
+
+@pytest.mark.parametrize("needs_table, code", [("load tbl", ErrorCode.MEM_TYPE),
+                                               ("lut", ErrorCode.ALU_OP)])
+def test_no_table_memory_refuses_what_needs_it_as_the_simulator_does(needs_table, code):
+    """On a config with ``table_entries = 0`` the hardware has neither the table memory nor
+    the LUT op: LOAD tbl and LUT stop it with the simulator's error codes (Amaranth's
+    simulator: the one program of the config is not worth a Verilator build)."""
+    from tessera.hw.harness.amaranth_sim import run_program
+
+    if needs_table == "load tbl":
+        insn = Load(mem=MemType.TBL, dram_base=SEGMENT_ALIGN // 4, y_size=1, x_size=1,
+                    x_stride=1)
+    else:
+        insn = Alu(alu_op=ALU_OPS.by_name("LUT").opcode, use_imm=True, uop_end=0)
+    program = _with_finish(insn, NO_TABLE)
+    with pytest.raises(MalformedInstructionError) as info:
+        simulate(program)
+    assert info.value.code == code and info.value.index == 0
+    rtl = run_program(program, max_cycles=2000)
+    assert rtl.status & regmap.STATUS_ERROR and (rtl.error, rtl.error_index) == (code, 0)
 
 
 def test_overlapped_pair_runs_without_error():

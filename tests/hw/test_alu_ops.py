@@ -299,3 +299,64 @@ def test_mov_hardware_only_for_the_builtin_semantics():
         assert ALU_OPS.by_name("MOV").hardware is original.hardware
     finally:
         ALU_OPS.register(original, replace=True)
+
+
+# ------------------------------------------------------------------ table-reading hooks
+def _lut_samples(rng: np.random.Generator, entries: int) -> list[tuple[int, int]]:
+    """Every int8 value through a table at a random base, then int32 edges and random
+    lanes with random (also negative and out-of-range) bases."""
+    base = int(rng.integers(0, entries // 256)) * 256
+    pairs = [(a, base) for a in range(-128, 128)]
+    pairs += [(a, int(b)) for a in EDGES for b in rng.integers(-3 * entries, 3 * entries, 2)]
+    pairs += [(int(a), int(b)) for a, b in zip(rng.integers(I32_MIN, I32_MAX, 60),
+                                               rng.integers(I32_MIN, I32_MAX, 60))]
+    return pairs
+
+
+@pytest.mark.parametrize("entries, row_entries", [(1024, 16), (256, 4), (512, 1)])
+def test_lut_hook(entries, row_entries):
+    """The LUT plug-in's hook (a reference resolved on use) against its numpy semantics,
+    with the table in words of ``row_entries`` entries as the tensor ALU holds it."""
+    from tessera.plugins.lut.hardware import LUT_HARDWARE
+
+    lut = ALU_OPS.by_name("LUT")
+    assert isinstance(lut.hardware, str) and hardware_of(lut) is LUT_HARDWARE
+    assert hook_stages(lut) == 1
+    rng = np.random.default_rng(entries)
+    table = rng.integers(-128, 128, entries)
+    check_hardware(lut, _lut_samples(rng, entries), table=table, row_entries=row_entries)
+
+
+def _table_plus_a(m, a, b, table):
+    """A user's table op: ``table[b] + a`` (the read is its one stage; ``a`` waits)."""
+    a1 = Signal.like(a)
+    m.d.sync += a1.eq(a)
+    return a1 + table.read(m, b)
+
+
+def test_user_table_op_with_own_hardware():
+    """The hook API in general form: any op declaring reads_table gets the lane's table."""
+    op = Intrinsic("TADD", ALU_OPS.free_opcodes()[0],
+                   lambda a, b, table: a + table[b & (table.size - 1)],
+                   AluTiming(ii_imm=1, ii_tensor=2, latency=4), reads_table=True,
+                   hardware=AluHardware(_table_plus_a))
+    table = np.arange(256) - 128
+    check_hardware(op, [(a, b) for a in EDGES[::4] for b in (0, 5, 255, 256, -1)], table=table)
+    wrong = dataclasses.replace(op, semantics=lambda a, b, table: a - table[b & 255])
+    with pytest.raises(AssertionError, match="TADD hardware mismatch at sample 0: a=1, b=3 "
+                                             ".*expected 126, hardware gave -124"):
+        check_hardware(wrong, [(1, 3), (2, 4)], table=table)
+    with pytest.raises(ValueError, match="reads the table memory: pass table="):
+        check_hardware(op, [(1, 2)])
+    with pytest.raises(ValueError, match="does not read the table memory"):
+        check_hardware(ALU_OPS.by_name("ADD"), [(1, 2)], table=table)
+    fast = dataclasses.replace(op, timing=AluTiming(latency=3))
+    with pytest.raises(RegistryError, match="latency 3.*at least 4 .its table read"):
+        hook_stages(fast)
+
+
+def test_unresolvable_hardware_reference_is_refused():
+    broken = Intrinsic("BROKEN", ALU_OPS.free_opcodes()[0], np.add,
+                       hardware="tessera.plugins.lut.hardware:NO_SUCH_HOOK")
+    with pytest.raises(RegistryError, match="cannot resolve the hook reference"):
+        hardware_of(broken)

@@ -1257,11 +1257,12 @@ def run_lut(cfg, a, tables, *, base=None, bases=None):
 
 
 def lut_reference(a, bases, tables):
-    """``tables[(base + (a & 0xFF)) mod entries]``, written out per lane."""
+    """``tables[(base + byte of a saturated to int8) mod entries]``, written out per lane."""
     flat = np.asarray(tables, dtype=np.int64).reshape(-1)
     out = np.empty(a.shape, dtype=np.int64)
     for idx in np.ndindex(a.shape):
-        out[idx] = flat[(int(bases[idx]) + (int(a[idx]) & 0xFF)) % flat.size]
+        byte = max(-128, min(127, int(a[idx]))) & 0xFF
+        out[idx] = flat[(int(bases[idx]) + byte) % flat.size]
     return out
 
 
@@ -1301,3 +1302,35 @@ def test_lut_and_table_loads_need_the_table_memory():
     with pytest.raises(MalformedInstructionError, match="LUT reads the ALU table memory"):
         check_instruction(lut, bare, 4)
     assert "LUT" not in [op.name for op in ALU_OPS.available(bare)]
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=CFG_IDS)
+def test_lut_reads_a_padded_strided_table_load(cfg):
+    """LOAD tbl is a 2-D DMA like the others: strided rows, pads of ``pad_value`` in every
+    lane, into the second table (the only one on tiny, imm 256 wrapping to it); a LUT over
+    every byte then reads what it wrote (and zeros elsewhere)."""
+    from tessera.isa import ALU_OPS
+    lanes = cfg.batch * cfg.block_out
+    rng = rng_for("lut-pad", cfg.name)
+    src = rng.integers(-128, 128, (10, lanes)).astype(np.int8)
+    slot = 256 % cfg.table_entries // lanes  # the second table's first row (or the first's)
+    y_size, x_size, x_stride, pad = 2, 3, 5, -3
+    expected = np.zeros((cfg.table_rows, lanes), dtype=np.int64)
+    for r in range(1 + y_size):              # one top pad row, then the data rows
+        for col in range(1 + x_size):        # one left pad entry, then the data
+            row = slot + r * (1 + x_size) + col
+            expected[row] = pad if r == 0 or col == 0 else src[(r - 1) * x_stride + col - 1]
+    a = acc_entries(cfg, np.resize(np.arange(-128, 128), 256 // lanes * lanes)).astype(np.int64)
+    n = a.shape[0]
+    lut = Alu(alu_op=ALU_OPS.by_name("LUT").opcode, use_imm=True, imm=256, uop_begin=0,
+              uop_end=1, iter_out=n, dst_factor_out=1)
+    prog = single_shot(
+        cfg, uops=[Uop(dst=0)],
+        segments={"tbl": src, "acc": acc_entries(cfg, a), "out": out_bytes(cfg, n)},
+        compute=[load("tbl", MemType.TBL, y_size=y_size, x_size=x_size, x_stride=x_stride,
+                      y_pad_0=1, x_pad_0=1, pad_value=pad, sram_base=slot),
+                 load("acc", MemType.ACC, x_size=n), lut],
+        stores=[store("out", x_size=n)])
+    result = run(prog)
+    assert_array_equal(result.datapath.tbl.astype(np.int64), expected)
+    assert_array_equal(result.datapath.acc[:n], lut_reference(a, np.full(a.shape, 256), expected))
