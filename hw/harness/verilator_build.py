@@ -200,9 +200,16 @@ def check_verilog_ports(config: HwConfig, verilog: str) -> None:
                           f"{config.name!r}: was the Verilog exported for another config?")
 
 
-@lru_cache(maxsize=8)
 def _export_verilog(config: HwConfig) -> str:
-    """The accelerator's Verilog for ``config`` (the export is imported only when needed)."""
+    """The accelerator's Verilog for ``config`` with the ALU ops registered now (the tensor
+    ALU has a hook per op: registering one changes the hardware)."""
+    from tessera.isa import ALU_OPS
+    return _export_verilog_for(config, tuple((op.name, op.opcode) for op in ALU_OPS))
+
+
+@lru_cache(maxsize=8)
+def _export_verilog_for(config: HwConfig, ops: tuple[tuple[str, int], ...]) -> str:
+    """The export, cached by config and registered ops (imported only when needed)."""
     try:
         from tessera.hw.synth.export import verilog as export_verilog
     except ImportError as exc:
