@@ -104,11 +104,12 @@ class HwConfig:
             if getattr(self, name) not in allowed:
                 fail(f"{name} must be one of {allowed}, not {getattr(self, name)}")
         lanes = self.batch * self.block_out
+        # Whole rows only: how big a table an op needs is the op's business (the compiler
+        # says when one does not fit), not the memory's.
         if self.table_entries and (self.table_entries & (self.table_entries - 1)
-                                   or self.table_entries < max(256, lanes)):
-            fail(f"table_entries must be 0 (no table memory) or a power of two >= "
-                 f"{max(256, lanes)} (a 256-entry table, whole rows of {lanes} lanes), "
-                 f"not {self.table_entries}")
+                                   or self.table_entries < lanes):
+            fail(f"table_entries must be 0 (no table memory) or a power of two >= {lanes} "
+                 f"(whole rows of {lanes} lanes), not {self.table_entries}")
         if self.acc_depth < ACC_BANKS:
             fail(f"acc_depth must be at least {ACC_BANKS} (the accumulator has {ACC_BANKS} "
                  f"banks), not {self.acc_depth}")
