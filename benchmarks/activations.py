@@ -42,7 +42,7 @@ sys.path.insert(0, ROOT)
 import tessera  # noqa: E402
 from tessera.compiler.cpu.lower import CpuStep  # noqa: E402
 from tessera.compiler.golden.check import output_scales, reference_outputs  # noqa: E402
-from tessera.compiler.placement.cost import HostCost  # noqa: E402
+from tessera.hostmodel import get_host_model  # noqa: E402
 from tessera.config import PRESETS  # noqa: E402
 from tessera.isa import ALU_OPS  # noqa: E402
 from tests.models.cases import MODELS, Feeds, WheelModel  # noqa: E402
@@ -55,7 +55,7 @@ PIECES = (2, 4, 8, 16)
 #: The pynq preset without the ALU table memory (so without the LUT op).
 NOLUT = PRESETS["pynq"].replace(name="pynq-nolut", table_entries=0)
 #: What the latency model assumes of the board's host CPU (the placement's own model).
-HOST = HostCost()
+HOST = get_host_model("cortex-a9")
 #: A placement report of the ReLU-sum pattern (compiler/accel/builtin_patterns.py).
 _APPROXIMATED = re.compile(r"approximated: a sum of (\d+) shifted ReLUs .*?max error (\d+) LSB, "
                            r"mean ([\d.]+) LSB")
@@ -302,8 +302,8 @@ def table(head: tuple[str, ...], rows: list[list[str]], markdown: bool) -> str:
 LATENCY_MODEL = (f"Projected latency on the board (PYNQ-Z1, Cortex-A9 host): accelerator = "
                  f"the simulator's cycles of every accelerator step at the config's clock "
                  f"({PRESETS['pynq'].clock_mhz:g} MHz); host = the placement's HostCost "
-                 f"estimate of every CPU node ({HOST.macs_per_second:.0e} MAC/s, "
-                 f"{HOST.bytes_per_second:.0e} B/s) + {HOST.launch_seconds * 1e6:g} us per "
+                 f"estimate of every CPU node (host model {HOST.name!r}) + "
+                 f"{HOST.launch_seconds * 1e6:g} us per "
                  "accelerator segment (launch). Not this machine's CPU time.")
 
 

@@ -35,6 +35,7 @@ import numpy as np
 
 from tessera.config import HwConfig, get_config
 from tessera.errors import CLI, PYTHON, CompileError, ProgramFileError
+from tessera.hostmodel import get_host_model
 from tessera.modelfile import ModelFile
 
 from .accel.build import CompiledProgram, compile_ops
@@ -225,14 +226,13 @@ def compile_model(model: Any, config: HwConfig | str | None = None, *,
     A float model needs ``calibration`` (a list of input feeds) to be quantized; an int8
     QDQ model compiles as it is. ``force_cpu`` keeps the named nodes (of the fused graph,
     see :attr:`CompiledModel.placements`) on the CPU; ``host`` is the
-    :class:`~.placement.cost.HostCost` the placement assumes. ``progress(stage, done, total)``
+    :class:`~tessera.hostmodel.HostModel` the placement assumes (a model, a built-in's name,
+    ``"local"`` or a file; ``None``: the config's board CPU). ``progress(stage, done, total)``
     is called as compilation advances. ``activations="approximate"`` with ``pieces`` or
     ``tolerance`` approximates the activations no exact intrinsic of ``config`` runs
     (:func:`~.accel.builtin_patterns.mark_approximate_activations`), fitted to their
     inputs' distribution on the calibration data.
     """
-    from .placement.cost import HostCost
-
     t0 = time.perf_counter()
     cfg = get_config(config)
     report = progress or (lambda stage, done, total: None)
@@ -244,7 +244,7 @@ def compile_model(model: Any, config: HwConfig | str | None = None, *,
     fuse_integer_nodes(graph)
     if activations == "approximate":
         approximate_activations(graph, cfg, reference, calibration, pieces, tolerance)
-    placements, steps, runs = place_and_compile(graph, cfg, host or HostCost(), force_cpu,
+    placements, steps, runs = place_and_compile(graph, cfg, get_host_model(host, cfg.name), force_cpu,
                                                 report)
     counts = {t: sum(p.target == t for p in placements) for t in ("accelerator", "cpu", "view")}
     compiled = CompiledModel(cfg, _signatures(graph, graph.inputs),

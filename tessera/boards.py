@@ -120,6 +120,7 @@ class Board:
     preset: str                    # the tessera.config PRESETS entry it takes by default
     registers: Window              # our s_axi_control window
     dram: Window                   # PS DDR as the HP ports see it
+    host: str = "cortex-a9"        # its CPU's host cost model (tessera/hostmodels/<host>.json)
 
     def check(self, config: HwConfig) -> None:
         """Raise :class:`ConfigError` unless ``config`` can be built for this board."""
@@ -211,7 +212,7 @@ BOARDS: dict[str, Board] = {
                     board_part="xilinx.com:zcu104:part0:1.1", part="xczu7ev-ffvc1156-2-e",
                     family="zynquplus", ps=PSU, preset="zcu104",
                     registers=Window(0xA000_0000, REGISTER_RANGE),
-                    dram=Window(0x0000_0000, 2 << 30)),
+                    dram=Window(0x0000_0000, 2 << 30), host="cortex-a53"),
 }
 
 

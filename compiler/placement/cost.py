@@ -1,47 +1,72 @@
-"""The cost models the placement compares: the host CPU's (:class:`HostCost`, a model of
-the board's CPU) and the accelerator's (the roofline bound of the lowered operator).
+"""The cost models the placement compares: the host CPU's (a node's :class:`Work` priced by
+the board CPU's :class:`~tessera.hostmodel.HostModel`) and the accelerator's (the
+roofline bound of the lowered operator).
 
 Models, not measurements: ``tessera profile`` measures the real figures.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from tessera.config import HwConfig
+from tessera.hostmodel import Work
 
 from ..accel.lower import lower_node
 from ..accel.roofline import op_roofline
 from ..frontend.graph import Graph, Node
 
-__all__ = ["HostCost", "accel_seconds", "node_work"]
+__all__ = ["accel_seconds", "kernel_kind", "node_work"]
 
 
-@dataclass(frozen=True)
-class HostCost:
-    """What the placement assumes of the host CPU and of a launch.
-
-    The defaults model the PYNQ-Z1/Z2's dual Cortex-A9 at 650 MHz: NEON does 8 int8
-    MACs per cycle at best, about 1e9 per second in practice for a convolution, and
-    moves about 1 GB/s. A launch (program and buffers to the device, start, completion
-    interrupt) costs about 100 us, plus the activation bytes over DDR.
-    """
-
-    macs_per_second: float = 1e9
-    bytes_per_second: float = 1e9
-    launch_seconds: float = 100e-6
-
-    def seconds(self, macs: int, nbytes: int) -> float:
-        """Modelled time of a CPU operator doing ``macs`` MACs and moving ``nbytes``."""
-        return macs / self.macs_per_second + nbytes / self.bytes_per_second
-
-
-def node_work(graph: Graph, node: Node) -> tuple[int, int]:
-    """``(MACs, bytes read and written)`` of a node, from its tensors' shapes."""
+def node_work(graph: Graph, node: Node) -> Work:
+    """The features of ``node`` as one CPU kernel call (:class:`~tessera.hostmodel.Work`):
+    its kernel kind, ops (MACs, or a pool's window taps), output elements, and the bytes
+    of its tensors read and written."""
     nbytes = sum(graph.value(t).size * np.dtype(graph.value(t).dtype).itemsize
                  for t in [*node.inputs, *node.outputs] if t)
-    return _node_macs(graph, node), nbytes
+    elements = sum(graph.value(t).size for t in node.outputs if t)
+    kind = kernel_kind(graph, node)
+    if kind == "pool":
+        ops = elements * _window(graph, node)
+    elif kind == "reduce":
+        ops = graph.value(node.inputs[0]).size
+    else:
+        ops = _node_macs(graph, node)
+    return Work(kind, int(ops), int(elements), int(nbytes))
+
+
+def kernel_kind(graph: Graph, node: Node) -> str:
+    """Which of :data:`~tessera.hostmodel.KINDS` a node's CPU kernel is."""
+    if node.op in _MAC_OPS:
+        dtype = graph.value(node.inputs[0]).dtype
+        return "gemm_float" if dtype == "float32" else "gemm_int8"
+    if node.op.startswith(("Reduce", "Arg")) or node.op == "Einsum":
+        return "reduce"
+    return next((kind for kind, ops in _KIND_OPS.items() if node.op in ops), "elementwise")
+
+
+_KIND_OPS = {
+    "pool": frozenset({"MaxPool", "AveragePool", "QMaxPool", "QAveragePool",
+                       "GlobalAveragePool", "GlobalMaxPool", "QGlobalAveragePool", "LRN"}),
+    "transcendental": frozenset({"Exp", "Log", "Tanh", "Sigmoid", "Erf", "Gelu", "Elu",
+                                 "Selu", "Mish", "Softplus", "Pow", "Sqrt", "Softmax",
+                                 "LogSoftmax", "QSoftmax", "LayerNormalization",
+                                 "InstanceNormalization"}),
+    "lookup": frozenset({"QLookup"}),
+    "movement": frozenset({"Concat", "Slice", "Split", "Transpose", "Gather",
+                           "GatherElements", "Pad", "Resize", "Upsample", "DepthToSpace",
+                           "SpaceToDepth", "Tile", "Expand", "Cast"}),
+}
+
+
+def _window(graph: Graph, node: Node) -> int:
+    """Input elements each output of a pooling node reads (the whole plane for global
+    pools, the channels' neighbourhood for LRN)."""
+    if node.op.startswith(("Global", "QGlobal")):
+        return int(np.prod(graph.value(node.inputs[0]).shape[2:]))
+    if node.op == "LRN":
+        return int(node.attr("size", 1))
+    return int(np.prod(node.attr("kernel_shape", [1])))
 
 
 def _node_macs(graph: Graph, node: Node) -> int:

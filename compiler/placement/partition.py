@@ -19,7 +19,7 @@
 
 The estimates are models, not measurements: the accelerator's is the roofline bound
 (:mod:`..accel.roofline`) of the lowered operator, the host's comes from
-:class:`~.cost.HostCost` (the board's CPU); both are in :mod:`.cost`. ``tessera profile`` measures the real figures.
+:class:`~tessera.hostmodel.HostModel` (the board's CPU); both are in :mod:`.cost`. ``tessera profile`` measures the real figures.
 
 :func:`segments` groups consecutive accelerator nodes into segments: each compiles into
 one program (one launch, no host round trip between its layers).
@@ -35,7 +35,9 @@ from tessera.errors import CLI, PYTHON, CompileError
 from ..cpu.lower import cpu_unsupported_reason
 from ..frontend.graph import Graph, Node
 from ..accel.lower import accel_unsupported_reason, lowering_note
-from .cost import HostCost, accel_seconds, node_work
+from tessera.hostmodel import HostModel, get_host_model
+
+from .cost import accel_seconds, node_work
 
 __all__ = ["VIEW_OPS", "Placement", "place_nodes", "segments"]
 
@@ -62,7 +64,7 @@ class Placement:
         return cls(**d)
 
 
-def place_nodes(graph: Graph, config: HwConfig, *, host: HostCost = HostCost(),
+def place_nodes(graph: Graph, config: HwConfig, *, host: HostModel | None = None,
                 force_cpu: Sequence[str] = ()) -> list[Placement]:
     """A :class:`Placement` for every node of ``graph`` (see the module doc).
 
@@ -75,6 +77,7 @@ def place_nodes(graph: Graph, config: HwConfig, *, host: HostCost = HostCost(),
                                         "CompiledModel.placements",
                                 CLI: "--force-cpu takes node names that tessera compile "
                                      "prints"})
+    host = get_host_model(host, config.name)
     placements: list[Placement] = []
     produced_on_accel: set[str] = set()
     segment: set[str] = set()       # the outputs of the accelerator run open so far
@@ -85,11 +88,10 @@ def place_nodes(graph: Graph, config: HwConfig, *, host: HostCost = HostCost(),
             placements.append(Placement(node.name, node.op, "view",
                                         "a reshape of the stored values (no data moves)"))
             continue
-        macs, nbytes = node_work(graph, node)
         cpu_reason = cpu_unsupported_reason(graph, node)
         cpu_s = None
         if cpu_reason is None:
-            cpu_s = host.seconds(macs, nbytes)
+            cpu_s = host.kernel_seconds(node_work(graph, node))
             # Reading accelerator results ends its program: the host waits for it, and
             # the accelerator ops after this one need a launch of their own.
             if any(t in produced_on_accel for t in node.inputs):
@@ -104,7 +106,7 @@ def place_nodes(graph: Graph, config: HwConfig, *, host: HostCost = HostCost(),
             opens_segment = not any(t in produced_on_accel for t in node.inputs)
             moved = sum(graph.value(t).size for t in node.inputs
                         if t and not graph.value(t).is_const)
-            cost = acc_s + (host.launch_seconds + moved / host.bytes_per_second
+            cost = acc_s + (host.launch_seconds + host.transfer_seconds(moved)
                             if opens_segment else 0.0)
             cpu_cost, cpu_note = cpu_s, ""
             if (cpu_s is not None and opens_segment

@@ -14,7 +14,7 @@ import tessera
 from tessera.compiler import zoo
 from tessera.compiler.golden.check import int8_agreement, output_scales, reference_outputs
 from tessera.compiler.model import CompiledModel
-from tessera.compiler.placement.cost import HostCost
+from tessera.hostmodel import get_host_model
 from tessera.compiler.frontend.qdq import OPS as FUSED_OPS
 from tessera.errors import CompileError, ProgramFileError, TesseraError
 from tessera.modelfile import FORMAT_VERSION, MAGIC
@@ -66,7 +66,7 @@ def test_placement_follows_the_cost_model() -> None:
     assert {p.target for p in model.placements if p.op == "QGemm"} == {"accelerator"}
     assert all(" vs " in p.reason for p in model.placements if p.op == "QGemm")
     # On a host 100x faster, three small dense layers are not worth a launch.
-    fast_host, _ = _compile("mlp", host=HostCost(macs_per_second=1e11, bytes_per_second=1e11))
+    fast_host, _ = _compile("mlp", host=get_host_model("cortex-a9").scaled(0.01))
     assert {p.target for p in fast_host.placements if p.op == "QGemm"} == {"cpu"}
     assert not fast_host.compiled.accel_steps
     outputs, profile = fast_host.run(feed)
@@ -75,7 +75,7 @@ def test_placement_follows_the_cost_model() -> None:
 
 
 def test_cpu_kernels_and_their_constants_survive_save_and_load(tmp_path) -> None:
-    model, feed = _compile("mlp", host=HostCost(macs_per_second=1e11, bytes_per_second=1e11))
+    model, feed = _compile("mlp", host=get_host_model("cortex-a9").scaled(0.01))
     assert any(s.constants for s in model.compiled.steps if hasattr(s, "constants"))
     loaded = tessera.load(model.save(tmp_path / "mlp.tsr"))
     a, _ = model.run(feed)

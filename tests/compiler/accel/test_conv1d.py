@@ -10,12 +10,12 @@ from onnx import TensorProto, helper, numpy_helper
 
 import tessera
 from tessera.compiler.golden.check import reference_outputs
-from tessera.compiler.placement.cost import HostCost
+from tessera.hostmodel import get_host_model
 
 from tests.compiler.qdq_models import FORMS, feeds, ort_quantize
 
 #: A host so slow that every integer node goes to the accelerator (small test shapes).
-SLOW_HOST = HostCost(macs_per_second=1e5, bytes_per_second=1e5)
+SLOW_HOST = get_host_model("cortex-a9").scaled(1e4)
 
 
 def conv1d_net(layers: list[dict], channels: int = 8, length: int = 24,
