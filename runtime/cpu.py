@@ -261,10 +261,13 @@ def load_kernel(kernel: CpuKernel) -> LoadedKernel:
                         par_fn=par_fn, threads=threads, checked_fn=checked_fn)
 
 
-def run_cpu_step(step, kernel: LoadedKernel | None, env: dict[str, np.ndarray]) -> None:
+def run_cpu_step(step, kernel: LoadedKernel | None, env: dict[str, np.ndarray], *,
+                 threads: int | None = None) -> None:
     """Run one :class:`~tessera.compiler.cpu.lower.CpuStep` with its loaded ``kernel``
     (``None`` for a view, which reshapes its input) on ``env`` (tensor name -> array),
-    adding its outputs. Raises CpuKernelError for an input that is nowhere."""
+    adding its outputs (fresh arrays: nothing the step reads is written). ``threads``
+    caps the kernel's own threads (None: its automatic choice). Raises CpuKernelError
+    for an input that is nowhere."""
     args = []
     for name in step.inputs:
         data = step.constants.get(name)
@@ -277,7 +280,7 @@ def run_cpu_step(step, kernel: LoadedKernel | None, env: dict[str, np.ndarray]) 
     if kernel is None:
         env[step.outputs[0]] = np.reshape(args[0], step.shape)
         return
-    result = kernel(*args)
+    result = kernel(*args, threads=threads)
     env.update(zip(step.outputs, result if isinstance(result, (tuple, list)) else (result,)))
 
 

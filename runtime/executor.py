@@ -18,15 +18,19 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from tessera.compiler.model import AccelStep, CompiledModel
 from tessera.errors import DeviceError, RunError
+from tessera.hostmodel import HostModel, get_host_model
+from tessera.schedule import ACCELERATOR, CPU, ScheduledTask
 
+from .dataflow import UnitRun, run_units
 from .device import Device, LoadedProgram
-from .profile import LayerProfile, Profile, layer_profiles
+from .plan import Unit, frame_units, node_of, project_board
+from .profile import LayerProfile, Profile, StreamResult, layer_profiles
 
 __all__ = ["Model"]
 
@@ -102,7 +106,8 @@ class Model:
 
     def run(self, inputs: Mapping[str, np.ndarray] | np.ndarray, *, backend: str = "sim",
             device: Device | None = None, progress: Progress | None = None,
-            timeout: float | None = None) -> tuple[dict[str, np.ndarray], Profile]:
+            timeout: float | None = None, parallel: bool = False,
+            host: HostModel | str | None = None) -> tuple[dict[str, np.ndarray], Profile]:
         """Run the model; returns ``({output name: array}, profile)``.
 
         ``inputs`` maps input names to arrays of the model's shapes and dtypes (a single
@@ -110,8 +115,103 @@ class Model:
         the inputs by position, since it reads as well as a batch of feeds. ``device``
         overrides ``backend`` with an open device of the model's config.
         ``progress(segment, cycles, estimate)`` is called while an accelerator segment
-        runs (``estimate``: the sum of its layers' roofline bounds).
+        runs (``estimate``: the sum of its layers' roofline bounds). ``parallel`` runs
+        independent steps at once (CPU kernels on a pool of the host's cores beside the
+        running accelerator segment; outputs are bit-identical to a sequential run).
+        ``host`` is the board CPU the profile projects the latency for (its
+        :class:`~tessera.hostmodel.HostModel`, a built-in's name, ``"local"`` or a file;
+        the config's board by default).
         """
+        dev = self._open(backend, device)
+        hostmodel = get_host_model(host, self.config.name)
+        env = self._checked_inputs(inputs)
+        profile = Profile(dev.backend, self.config)
+        started = time.perf_counter()
+        units = frame_units(self.compiled)
+        runs = self._execute(units, [env], {}, dev, timeout, progress, parallel,
+                             hostmodel.cores)
+        if progress is not None:
+            progress("done", 1, 1)
+        profile.wall_seconds = time.perf_counter() - started
+        self._fill_profile(profile, units, runs)
+        profile.board = project_board(self.compiled, units, hostmodel,
+                                      profile.segment_seconds, parallel)
+        profile.measured = self._measured(units, runs)
+        return {t.name: env[t.name] for t in self.outputs}, profile
+
+    def stream(self, frames: Sequence[Mapping[str, np.ndarray] | np.ndarray], *,
+               state: Mapping[str, str] | None = None, backend: str = "sim",
+               device: Device | None = None, pipelined: bool = True,
+               host: HostModel | str | None = None, timeout: float | None = None,
+               progress: Progress | None = None) -> StreamResult:
+        """Run a sequence of inputs (e.g. video frames) through the model.
+
+        ``pipelined`` (default) lets step k of frame f run beside step k+1 of frame f-1:
+        CPU steps on a pool of the host's cores, segments one at a time on the
+        accelerator; outputs are bit-identical to running the frames one by one.
+        ``state`` maps each recurrent state input to the output carried into it from the
+        previous frame (default: what the model declared, ONNX metadata
+        ``tessera.recurrent_state``); the first frame's state comes from its feed, or is
+        zero. Returns every frame's outputs with the throughput and per-frame latency,
+        projected for ``host``'s board and measured here.
+        """
+        dev = self._open(backend, device)
+        hostmodel = get_host_model(host, self.config.name)
+        state = self._checked_state(self.compiled.state if state is None else state)
+        envs = self._frame_envs(frames, state)
+        units = frame_units(self.compiled, len(envs), state)
+        started = time.perf_counter()
+        runs = self._execute(units, envs, state, dev, timeout, progress, pipelined,
+                             hostmodel.cores)
+        profile = Profile(dev.backend, self.config, wall_seconds=time.perf_counter() - started)
+        self._fill_profile(profile, units, runs)
+        profile.board = project_board(self.compiled, units, hostmodel,
+                                      profile.segment_seconds, pipelined)
+        profile.measured = self._measured(units, runs)
+        outputs = [{t.name: env[t.name] for t in self.outputs} for env in envs]
+        return StreamResult(outputs, profile)
+
+    def _checked_state(self, state: Mapping[str, str]) -> dict[str, str]:
+        """``state`` after checking each pair names an input and an output of one shape
+        and dtype (RunError naming the pair otherwise)."""
+        ins = {t.name: t for t in self.inputs}
+        outs = {t.name: t for t in self.outputs}
+        for name, source in state.items():
+            if name not in ins or source not in outs:
+                raise RunError(f"state {name!r} <- {source!r}: {name!r} must be a model input "
+                               f"({sorted(ins)}) and {source!r} an output ({sorted(outs)})")
+            a, b = ins[name], outs[source]
+            if (tuple(a.shape), a.dtype) != (tuple(b.shape), b.dtype):
+                raise RunError(f"state {name!r} is {a.dtype}{list(a.shape)} but {source!r}, "
+                               f"carried into it, is {b.dtype}{list(b.shape)}")
+        return dict(state)
+
+    def _frame_envs(self, frames, state: Mapping[str, str]) -> list[dict[str, np.ndarray]]:
+        """One env per frame: its checked feed; the state inputs only in the first
+        (zeros where not given), carried from frame to frame afterwards."""
+        if isinstance(frames, (np.ndarray, Mapping)) or not len(frames):
+            raise RunError("frames must be a non-empty sequence of feeds (one per frame)")
+        envs = []
+        for f, feed in enumerate(frames):
+            feed = {self.inputs[0].name: feed} if isinstance(feed, np.ndarray) else dict(feed)
+            given = sorted(set(state) & set(feed))
+            if f and given:
+                raise RunError(f"frame {f} gives state input(s) {given}, which are carried "
+                               "from the previous frame; give them only in frame 0")
+            # Zeros stand in for the state the feed does not give: the first frame's
+            # initial state; in later frames, only while the feed is checked.
+            zeros = {t.name: np.zeros(t.shape, t.dtype) for t in self.inputs
+                     if t.name in state and t.name not in feed}
+            env = self._checked_inputs({**zeros, **feed})
+            envs.append(env if f == 0 else {k: v for k, v in env.items() if k not in zeros})
+        return envs
+
+    def _measured(self, units: list[Unit], runs: list[UnitRun]) -> list[ScheduledTask]:
+        steps = self.compiled.steps
+        return [ScheduledTask(steps[u.step].name, r.lane, r.start, r.end, _kind(steps[u.step]),
+                              u.frame) for u, r in zip(units, runs)]
+
+    def _open(self, backend: str, device: Device | None) -> Device:
         if device is not None and not isinstance(device, Device):
             raise RunError(f"device is a {type(device).__name__}, not a Device: pass "
                            "model.device(backend) or one from tessera.runtime.open_device, "
@@ -120,30 +220,63 @@ class Model:
         if dev.config != self.config:
             raise DeviceError(f"the model was compiled for config {self.config.name!r}, the "
                               f"device runs {dev.config.name!r}")
-        env = self._checked_inputs(inputs)
-        profile = Profile(dev.backend, self.config)
-        places = {p.node: p for p in self.compiled.placements}
-        started = time.perf_counter()
+        return dev
+
+    def _execute(self, units: list[Unit], envs: list[dict[str, np.ndarray]],
+                 state: Mapping[str, str], dev: Device, timeout: float | None,
+                 progress: Progress | None, parallel: bool, cores: int) -> list[UnitRun]:
+        """Run ``units`` (steps of frames, one env per frame) in order or in parallel."""
         steps = self.compiled.steps
-        for k, step in enumerate(steps):
+        for k, step in enumerate(steps):            # JIT and loads before any timing
             if isinstance(step, AccelStep):
-                loaded = self._resident(k, step, dev)
-                self._run_accel(step, loaded, env, profile, timeout, progress)
+                self._resident(k, step, dev)
             else:
-                kernel = self._kernel(k, step)     # JIT compilation is not the layer's time
-                t0 = time.perf_counter()
-                self._run_cpu(step, kernel, env)
-                secs = time.perf_counter() - t0
-                node = step.name.split(":")[0]
-                target = places[node].target if node in places else "cpu"
-                if target == "cpu":
-                    profile.cpu_seconds += secs
-                profile.layers.append(LayerProfile(step.name, step.op, target, step.name,
-                                                   secs))
-        if progress is not None:
-            progress("done", 1, 1)
-        profile.wall_seconds = time.perf_counter() - started
-        return {t.name: env[t.name] for t in self.outputs}, profile
+                self._kernel(k, step)
+
+        def carry_state(unit: Unit) -> None:
+            # The previous frame's state outputs, handed over before the unit starts
+            # (its deps include their writers).
+            env = envs[unit.frame]
+            for name in steps[unit.step].inputs:
+                if unit.frame and name in state and name not in env:
+                    env[name] = envs[unit.frame - 1][state[name]]
+
+        def run_unit(unit: Unit):
+            step, env = steps[unit.step], envs[unit.frame]
+            if isinstance(step, AccelStep):
+                return self._run_accel(step, self._resident(unit.step, step, dev), env,
+                                       timeout, progress)
+            t0 = time.perf_counter()
+            self._run_cpu(step, self._kernel(unit.step, step), env,
+                          1 if parallel else None)
+            return time.perf_counter() - t0
+
+        resource = (lambda u: ACCELERATOR if isinstance(steps[u.step], AccelStep) else CPU)
+        return run_units(units, resource, run_unit, cores=cores, parallel=parallel,
+                         before=carry_state)
+
+    def _fill_profile(self, profile: Profile, units: list[Unit], runs: list[UnitRun],
+                      frame: int = 0) -> None:
+        """Add one frame's step results to ``profile``, in step order."""
+        places = {p.node: p for p in self.compiled.placements}
+        for unit, r in zip(units, runs):
+            if unit.frame != frame:
+                continue
+            step = self.compiled.steps[unit.step]
+            if isinstance(step, AccelStep):
+                cycles, layers, trace = r.result
+                profile.layers += layers
+                profile.accel_cycles += cycles
+                profile.segment_seconds[unit.step] = self.config.cycles_to_seconds(cycles)
+                if trace is not None:
+                    profile.traces.append(trace)
+                continue
+            node = node_of(step.name)
+            target = places[node].target if node in places else "cpu"
+            if target == "cpu":
+                profile.cpu_seconds += r.result
+            profile.layers.append(LayerProfile(step.name, step.op, target, step.name,
+                                               r.result))
 
     def _checked_inputs(self, inputs) -> dict[str, np.ndarray]:
         """``inputs`` as ``{input name: contiguous array}``, or :class:`RunError` saying
@@ -196,9 +329,9 @@ class Model:
         return self._kernels[k]
 
     @staticmethod
-    def _run_cpu(step, kernel, env: dict[str, np.ndarray]) -> None:
+    def _run_cpu(step, kernel, env: dict[str, np.ndarray], threads: int | None) -> None:
         from .cpu import run_cpu_step
-        run_cpu_step(step, kernel, env)
+        run_cpu_step(step, kernel, env, threads=threads)
 
     def _resident(self, k: int, step: AccelStep, dev: Device) -> LoadedProgram:
         """Step ``k``'s program loaded on ``dev`` (weights written on first use, kept until
@@ -210,8 +343,8 @@ class Model:
         return loaded
 
     def _run_accel(self, step: AccelStep, loaded: LoadedProgram, env: dict[str, np.ndarray],
-                   profile: Profile, timeout: float | None,
-                   progress: Progress | None) -> None:
+                   timeout: float | None, progress: Progress | None):
+        """Run one segment on ``env``: ``(cycles, layer profiles, trace or None)``."""
         cp = step.program
         feeds = {}
         for name in step.inputs:
@@ -225,22 +358,26 @@ class Model:
                             timeout=timeout, progress=report)
         for name in step.outputs:
             env[name] = cp.read(result, name).reshape(step.shapes[name])
-        trace = None
         sim_result = getattr(loaded.device, "last_result", None)
-        if sim_result is not None and sim_result.trace is not None:
-            trace = sim_result.trace
+        trace = sim_result.trace if sim_result is not None else None
         rows = layer_profiles(cp.program, cp.op_bounds, trace, result.cycles)
         info = {x.name: x for x in step.layers}
-        spans = []
+        layers, spans = [], []
         for name, cycles, gemm, dram, span in rows:
             layer = info.get(name)
             seconds = self.config.cycles_to_seconds(cycles) if cycles is not None else 0.0
-            profile.layers.append(LayerProfile(
+            layers.append(LayerProfile(
                 name, layer.kind if layer else "", "accelerator", step.name, seconds, cycles,
                 gemm, dram, layer.macs if layer else 0, layer.bound_cycles if layer else None,
                 layer.bound_by if layer else ""))
             if span is not None:
                 spans.append((name, *span))
-        profile.accel_cycles += result.cycles
-        if trace is not None:
-            profile.traces.append((step.name, list(trace), spans))
+        return result.cycles, layers, (None if trace is None
+                                       else (step.name, list(trace), spans))
+
+
+def _kind(step) -> str:
+    """A step's kind on the timeline."""
+    if isinstance(step, AccelStep):
+        return "segment"
+    return "view" if step.kernel is None else "cpu op"

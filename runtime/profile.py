@@ -18,8 +18,12 @@ import numpy as np
 from tessera.config import HwConfig
 from tessera.errors import TimelineError
 from tessera.isa import Gemm, Load, Program, Store
+from tessera.schedule import ScheduledTask
 
-__all__ = ["LayerProfile", "Profile", "layer_profiles"]
+from .plan import BoardProjection
+
+__all__ = ["LayerProfile", "Profile", "StreamResult", "frame_spans", "layer_profiles",
+           "throughput"]
 
 
 @dataclass
@@ -56,6 +60,12 @@ class Profile:
     wall_seconds: float = 0.0
     #: The simulator's trace of each segment (``sim`` backend), with its layer spans.
     traces: list[tuple[str, list, list[tuple[str, int, int]]]] = field(default_factory=list)
+    #: Each accelerator step's run at the config's clock, by step index.
+    segment_seconds: dict[int, float] = field(default_factory=dict)
+    #: The run projected onto the board's CPU and accelerator (host model, schedule).
+    board: BoardProjection | None = None
+    #: The steps as they ran here (wall-clock seconds from the start, lanes).
+    measured: list[ScheduledTask] = field(default_factory=list)
 
     @property
     def accel_seconds(self) -> float:
@@ -64,7 +74,11 @@ class Profile:
 
     @property
     def latency_seconds(self) -> float:
-        """Projected latency on the board: accelerator time plus host (CPU) layers."""
+        """Projected latency on the board (:attr:`board`'s schedule: the board CPU's
+        modelled kernels, the accelerator, launches and transfers); without a projection,
+        the accelerator time plus the CPU layers' time measured here."""
+        if self.board is not None:
+            return self.board.latency_seconds
         return self.accel_seconds + self.cpu_seconds
 
     @property
@@ -91,17 +105,29 @@ class Profile:
                          f"{x.bound_by:>8}{ratio:>8}")
         lines.append("-" * len(head))
         lines.append(f"accelerator: {self.accel_cycles:,} cycles = {self.accel_seconds * 1e3:.2f} "
-                     f"ms at {mhz:g} MHz, GEMM utilisation {self.gemm_utilisation:.1%}; "
-                     f"CPU layers {self.cpu_seconds * 1e3:.2f} ms; projected latency "
-                     f"{self.latency_seconds * 1e3:.2f} ms; {self.backend} wall time "
-                     f"{self.wall_seconds:.2f} s")
+                     f"ms at {mhz:g} MHz, GEMM utilisation {self.gemm_utilisation:.1%}")
+        lines += self._board_lines()
+        lines.append(f"measured here ({self.backend}): CPU layers {self.cpu_seconds * 1e3:.2f} "
+                     f"ms, wall time {self.wall_seconds:.2f} s")
         return "\n".join(lines)
+
+    def _board_lines(self) -> list[str]:
+        b = self.board
+        if b is None:
+            return []
+        mode = "in parallel" if b.parallel else "one step at a time"
+        return [f"projected on the board (host model {b.host!r}: {b.cpu}):",
+                f"  accelerator {b.accel_seconds * 1e3:.3f} ms + board CPU "
+                f"{b.cpu_seconds * 1e3:.3f} ms + launch/transfer {b.overhead_seconds * 1e3:.3f}"
+                f" ms = {b.sequential_seconds * 1e3:.3f} ms",
+                f"  latency {b.latency_seconds * 1e3:.3f} ms ({mode})"]
 
     def to_dict(self) -> dict[str, Any]:
         layers = [{**asdict(x), "utilisation": x.utilisation} for x in self.layers]
         return {"backend": self.backend, "config": self.config.name, "layers": layers,
                 "accel_cycles": self.accel_cycles, "accel_seconds": self.accel_seconds,
                 "cpu_seconds": self.cpu_seconds, "latency_seconds": self.latency_seconds,
+                "board": None if self.board is None else self.board.to_dict(),
                 "gemm_utilisation": self.gemm_utilisation, "wall_seconds": self.wall_seconds}
 
     def _merged_trace(self):
@@ -130,6 +156,66 @@ class Profile:
         from .timeline import write_perfetto_trace
         events, spans = self._merged_trace()
         return write_perfetto_trace(events, self.config, path, spans=spans)
+
+
+def frame_spans(schedule: Sequence[ScheduledTask]) -> list[tuple[float, float]]:
+    """``(start, end)`` of each frame in a schedule: its first task's start, its last
+    task's end."""
+    spans: dict[int, tuple[float, float]] = {}
+    for t in schedule:
+        a, b = spans.get(t.frame, (t.start, t.end))
+        spans[t.frame] = (min(a, t.start), max(b, t.end))
+    return [spans[f] for f in sorted(spans)]
+
+
+def throughput(schedule: Sequence[ScheduledTask]) -> float:
+    """Frames per second in the steady state: frames after the first over the time from
+    the first frame's end to the last's (one frame: 1 / its latency)."""
+    spans = frame_spans(schedule)
+    if len(spans) == 1:
+        return 1.0 / max(spans[0][1] - spans[0][0], 1e-12)
+    return (len(spans) - 1) / max(spans[-1][1] - spans[0][1], 1e-12)
+
+
+@dataclass
+class StreamResult:
+    """A stream of frames: each frame's outputs, and the profile of the whole run
+    (:attr:`Profile.board`: the frames scheduled on the board; :attr:`Profile.measured`:
+    as they ran here)."""
+
+    outputs: list[dict[str, np.ndarray]]
+    profile: Profile
+
+    @property
+    def fps(self) -> float:
+        """Projected frames per second on the board (steady state)."""
+        return throughput(self.profile.board.schedule)
+
+    @property
+    def frame_latencies(self) -> list[float]:
+        """Projected latency of each frame on the board (seconds)."""
+        return [b - a for a, b in frame_spans(self.profile.board.schedule)]
+
+    @property
+    def measured_fps(self) -> float:
+        """Frames per second measured on the backend used (steady state)."""
+        return throughput(self.profile.measured)
+
+    def table(self) -> str:
+        """What ``tessera stream`` prints."""
+        b = self.profile.board
+        lat = self.frame_latencies
+        mode = "pipelined" if b.parallel else "one frame at a time"
+        return "\n".join([
+            f"{len(self.outputs)} frames, {mode}, projected on the board (host model "
+            f"{b.host!r}: {b.cpu}):",
+            f"  throughput {self.fps:.2f} frames/s; frame latency {min(lat) * 1e3:.3f}-"
+            f"{max(lat) * 1e3:.3f} ms",
+            f"  per frame: accelerator {b.accel_seconds / b.frames * 1e3:.3f} ms, board CPU "
+            f"{b.cpu_seconds / b.frames * 1e3:.3f} ms, launch/transfer "
+            f"{b.overhead_seconds / b.frames * 1e3:.3f} ms",
+            f"measured here ({self.profile.backend}): {self.measured_fps:.2f} frames/s, wall "
+            f"time {self.profile.wall_seconds:.2f} s"])
 
 
 def layer_profiles(program: Program, bounds: Sequence[tuple[str, int, int]],

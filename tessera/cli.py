@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .boards import BOARDS
+from .cli_hetero import add_hetero_commands, board_args, host_args, write_board_files
 from .cli_inputs import calibration_samples, input_feeds, input_ranks, parse_shapes, random_feeds
 from .config import DEFAULT_PRESET, PRESETS, get_config
 from .errors import CLI, TesseraError
@@ -84,7 +85,8 @@ def _compile(args: argparse.Namespace):
         return compile_model(proto, args.config, calibration=_calibration(args, proto, shapes),
                              input_shapes=shapes, force_cpu=args.force_cpu or (),
                              progress=bar, activations=args.activations, pieces=args.pieces,
-                             tolerance=args.tolerance)
+                             tolerance=args.tolerance, host=args.host,
+                             placement=args.placement)
     finally:
         bar.close()
 
@@ -114,7 +116,8 @@ def _run(args: argparse.Namespace, model):
     options = {"bitstream": args.bitstream} if getattr(args, "bitstream", None) else {}
     try:
         device = model.device(args.backend, **options)
-        return model.run(_model_inputs(args, model), device=device, progress=bar)
+        return model.run(_model_inputs(args, model), device=device, progress=bar,
+                         parallel=args.parallel, host=args.host)
     finally:
         bar.close()
         model.close()
@@ -128,9 +131,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"{name}: {value.dtype}{list(value.shape)}  min {value.min():.6g}  "
               f"max {value.max():.6g}" + (f"  argmax {int(np.argmax(value))}"
                                            if value.size > 1 else ""))
+    b = profile.board
     print(f"accelerator {profile.accel_cycles:,} cycles ({profile.accel_seconds * 1e3:.3f} ms at "
-          f"{model.config.clock_mhz:g} MHz), CPU layers {profile.cpu_seconds * 1e3:.3f} ms, "
-          f"{args.backend} wall time {profile.wall_seconds:.2f} s")
+          f"{model.config.clock_mhz:g} MHz); projected latency on the board "
+          f"{b.latency_seconds * 1e3:.3f} ms (host model {b.host!r}); {args.backend} wall "
+          f"time {profile.wall_seconds:.2f} s")
     if args.output:
         np.savez(args.output, **outputs)
         print(f"wrote {args.output}")
@@ -146,6 +151,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     else:
         print(profile.table())
     _write_profile_files(args, profile)
+    write_board_files(args, profile)
     return 0
 
 
@@ -373,6 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_commands(sub)
     _add_program_commands(sub)
     _add_hw_commands(sub)
+    add_hetero_commands(sub)
     return parser
 
 
@@ -467,6 +474,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tolerance", type=float, metavar="LSB",
                    help="with --activations approximate: the fewest pieces whose max error "
                         "is at most LSB output steps")
+    host_args(p)
 
 
 def _run_args(p: argparse.ArgumentParser) -> None:
@@ -477,6 +485,9 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="sim", choices=("sim", "rtl", "pynq"))
     p.add_argument("--bitstream", help="pynq: the .bit file (its .hwh beside it)")
     p.add_argument("--seed", type=int, default=0, help="seed of random inputs")
+    p.add_argument("--parallel", action="store_true",
+                   help="run independent steps at once (CPU kernels on the host's cores "
+                        "beside the accelerator)")
 
 
 def _add_model_commands(sub) -> None:
@@ -500,6 +511,7 @@ def _add_model_commands(sub) -> None:
     p.add_argument("--timeline", metavar="PNG", help="write a timeline of the queues (sim)")
     p.add_argument("--trace", metavar="FILE", help="write a Perfetto trace JSON (sim)")
     p.add_argument("--json", action="store_true", help="print the profile as JSON")
+    board_args(p)
     p.set_defaults(func=_cmd_profile)
     _usage_with_model_required(p)
 

@@ -91,6 +91,8 @@ class Graph:
         self.values: dict[str, Value] = {}
         self.inputs: list[str] = []
         self.outputs: list[str] = []
+        #: The ONNX model's metadata_props (e.g. ``tessera.recurrent_state``).
+        self.metadata: dict[str, str] = {}
 
     # ------------------------------------------------------------ building
     def add_value(self, name: str, shape: Sequence[int], dtype: str,

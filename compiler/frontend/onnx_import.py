@@ -80,6 +80,7 @@ def import_onnx(model: ModelSource,
     _name_nodes(proto.graph)  # the converter's and inlined branches' nodes too
     proto = _infer_shapes(proto)
     graph = _build_graph(proto)
+    graph.metadata = {p.key: p.value for p in proto.metadata_props}
     for node in graph.nodes:
         if node.op == "Conv":
             _check_conv(graph, node)
@@ -493,6 +494,7 @@ def to_onnx(graph: Graph, opset: int = IR_OPSET) -> onnx.ModelProto:
     domains = sorted({n.domain for n in graph.nodes if n.domain})
     opsets = [helper.make_opsetid("", IR_OPSET)] + [helper.make_opsetid(d, 1) for d in domains]
     model = helper.make_model(proto, opset_imports=opsets, producer_name="tessera")
+    helper.set_model_props(model, graph.metadata)
     # ignore_unknown: onnx has no IR table for onnxruntime's com.microsoft domain (a
     # DynamicQuantizeLSTM kept as it is).
     model.ir_version = helper.find_min_ir_version_for(opsets, ignore_unknown=True)
