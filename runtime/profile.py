@@ -130,6 +130,29 @@ class Profile:
                 "board": None if self.board is None else self.board.to_dict(),
                 "gemm_utilisation": self.gemm_utilisation, "wall_seconds": self.wall_seconds}
 
+    def _board(self) -> BoardProjection:
+        if self.board is None:
+            raise TimelineError("this profile has no board projection (it was not made by "
+                                "Model.run or Model.stream)")
+        return self.board
+
+    def write_board_timeline(self, path: str | Path) -> Path:
+        """A PNG of the run projected onto the board: a lane per CPU core and the
+        accelerator, CPU ops, segments and transfers, frames shaded apart."""
+        from .schedule_timeline import render_schedule_png
+        b = self._board()
+        mode = "parallel" if b.parallel else "sequential"
+        title = (f"{self.config.name} on {b.cpu} ({b.host}), {mode}: "
+                 f"{b.latency_seconds * 1e3:.3f} ms" + (f", {b.frames} frames"
+                                                        if b.frames > 1 else ""))
+        return render_schedule_png(b.schedule, path, title=title, cores=b.cores)
+
+    def write_board_perfetto(self, path: str | Path) -> Path:
+        """The board schedule as a Perfetto / Chrome trace (JSON)."""
+        from .schedule_timeline import write_schedule_perfetto
+        b = self._board()
+        return write_schedule_perfetto(b.schedule, path, cores=b.cores)
+
     def _merged_trace(self):
         """All segments' events and spans on one cycle axis (segments back to back)."""
         from tessera.sim import TraceEvent

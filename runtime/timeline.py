@@ -19,6 +19,13 @@ was busy for most of its cycles, its colour faded by how busy the track was in t
 column (never below :data:`MIN_ALPHA`, so a lone short instruction stays visible). A
 fully busy column has exactly the kind's colour.
 
+Layer names are never cut: a box too narrow for its name shows a number, listed with
+the full name in a key below the chart (:func:`box_labels`), and a width of None sizes
+the image to the number of layers (:func:`resolve_width`). The chart pieces here (axis,
+legend, key, lanes, boxes) also draw the board schedule
+(:mod:`tessera.runtime.schedule_timeline`); the font and the PNG writer are
+:mod:`tessera.runtime.png`.
+
 An empty event list is not an error: it gives a valid image with empty lanes (and the
 layer boxes, if any), because a run that executed nothing is still a run worth
 showing next to others. ``events=None`` (a run simulated without ``trace=True``)
@@ -27,9 +34,8 @@ raises :class:`TimelineError`.
 from __future__ import annotations
 
 import json
-import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,19 +43,21 @@ from typing import Any
 import numpy as np
 
 from tessera.config import MODULES, HwConfig
-from tessera.errors import TimelineError
+from tessera.errors import PYTHON, TimelineError
 from tessera.sim.stats import TraceEvent, chrome_trace
 
-__all__ = ["MIN_ALPHA", "PALETTE", "Span", "instruction_kind", "perfetto_trace",
-           "render_timeline_png", "write_perfetto_trace", "write_png"]
+from .png import ADVANCE, GLYPH_H, RGB, draw_text, text_width, write_png
+
+__all__ = ["AUTO_WIDTH", "MIN_ALPHA", "PALETTE", "Span", "blank_chart", "box_labels",
+           "instruction_kind", "key_height", "legend_height", "nice_step", "paint_axis",
+           "paint_box", "paint_key", "paint_legend", "perfetto_trace", "render_timeline_png",
+           "resolve_width", "track_metadata", "write_perfetto_trace", "write_png"]
 
 #: ``(layer name, start cycle, end cycle)``.
 Span = tuple[str, int, int]
 
 
 # --------------------------------------------------------------------------- colours
-
-RGB = tuple[int, int, int]
 
 #: Colour of each instruction kind (see :func:`instruction_kind`); loads are shades of
 #: blue so the load lane tells inputs from weights at a glance.
@@ -99,93 +107,29 @@ def _colour(kind: str) -> RGB:
     return (60 + h % 150, 60 + (h >> 8) % 150, 60 + (h >> 16) % 150)
 
 
-# --------------------------------------------------------------------------- font
+# --------------------------------------------------------------------------- labels
 
-# 5x7 glyphs of ASCII 32..126, five column bytes each (bit 0 = top row), the classic
-# HD44780-style character-LCD font.
-_FONT_HEX = (
-    "0000000000 00005F0000 0007000700 147F147F14 242A7F2A12 2313086462 3649552250 0005030000 "
-    "001C224100 0041221C00 14083E0814 08083E0808 0050300000 0808080808 0060600000 2010080402 "
-    "3E5149453E 00427F4000 4261514946 2141454B31 1814127F10 2745454539 3C4A494930 0171090503 "
-    "3649494936 064949291E 0036360000 0056360000 0814224100 1414141414 0041221408 0201510906 "
-    "324979413E 7E1111117E 7F49494936 3E41414122 7F4141221C 7F49494941 7F09090901 3E4149497A "
-    "7F0808087F 00417F4100 2040413F01 7F08142241 7F40404040 7F020C027F 7F0408107F 3E4141413E "
-    "7F09090906 3E4151215E 7F09192946 4649494931 01017F0101 3F4040403F 1F2040201F 3F4038403F "
-    "6314081463 0708700807 6151494543 007F414100 0204081020 0041417F00 0402010204 4040404040 "
-    "0001020400 2054545478 7F48444438 3844444420 384444487F 3854545418 087E090102 0C5252523E "
-    "7F08040478 00447D4000 2040443D00 7F10284400 00417F4000 7C04180478 7C08040478 3844444438 "
-    "7C14141408 081414187C 7C08040408 4854545420 043F444020 3C4040207C 1C2040201C 3C4030403C "
-    "4428102844 0C5050503C 4464544C44 0008364100 00007F0000 0041360800 0804081008"
-)
-_GLYPH_W, _GLYPH_H, _ADVANCE = 5, 7, 6
+def box_labels(names: Sequence[str], room: Sequence[int], starts: Sequence[float],
+               suffixes: Sequence[str] | None = None) -> tuple[list[str], list[tuple[int, str]]]:
+    """The label of each box (``room[i]`` pixels for text) and the numbered key.
 
-
-def _build_font() -> np.ndarray:
-    cols = np.frombuffer(bytes.fromhex(_FONT_HEX.replace(" ", "")), np.uint8).reshape(95, 5)
-    rows = np.arange(_GLYPH_H, dtype=np.uint8)
-    # (glyph, row, column) booleans, one blank spacing column appended
-    glyphs = ((cols[:, None, :] >> rows[None, :, None]) & 1).astype(bool)
-    return np.concatenate([glyphs, np.zeros((95, _GLYPH_H, 1), bool)], axis=2)
-
-
-_FONT = _build_font()
-
-
-def _text_width(text: str, scale: int = 1) -> int:
-    return max(0, len(text) * _ADVANCE - 1) * scale
-
-
-def _draw_text(img: np.ndarray, x: int, y: int, text: str, colour: RGB, *, scale: int = 1,
-               clip_x: int | None = None) -> None:
-    """Paint ``text`` with its top-left corner at (x, y), clipped to the image and to
-    columns < ``clip_x``; characters outside printable ASCII show as ``?``."""
-    if not text:
-        return
-    codes = np.frombuffer(text.encode("ascii", "replace"), np.uint8).astype(np.int64)
-    codes = np.where((codes < 32) | (codes > 126), ord("?"), codes) - 32
-    mask = _FONT[codes].transpose(1, 0, 2).reshape(_GLYPH_H, -1)[:, :-1]
-    if scale > 1:
-        mask = mask.repeat(scale, axis=0).repeat(scale, axis=1)
-    h, w = mask.shape
-    right = min(img.shape[1], x + w, clip_x if clip_x is not None else img.shape[1])
-    x0, y0, y1 = max(x, 0), max(y, 0), min(img.shape[0], y + h)
-    if right <= x0 or y1 <= y0:
-        return
-    sub = mask[y0 - y:y1 - y, x0 - x:right - x]
-    img[y0:y1, x0:right][sub] = colour
-
-
-def _truncate(text: str, width_px: int) -> str:
-    fits = (width_px + 1) // _ADVANCE
-    return text if len(text) <= fits else text[:max(0, fits)]
-
-
-# --------------------------------------------------------------------------- PNG
-
-def _chunk(tag: bytes, data: bytes) -> bytes:
-    return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
-
-
-def write_png(rgb: np.ndarray, path: str | Path) -> Path:
-    """Write an (height, width, 3) uint8 array as an 8-bit RGB PNG; returns the path.
-
-    Every scanline uses filter 0 (none): the picture is flat colour runs that zlib
-    already shrinks well, and it keeps the encoder to a few vectorised lines.
+    A box shows its name (plus ``suffixes[i]``, e.g. a frame) where that fits; otherwise
+    a key number (with the suffix if that fits), and the key lists the number with the
+    full name, so no name is ever cut. Numbers go to distinct names in the order of the
+    boxes' ``starts`` (left to right, so the key reads like the picture). Returns
+    ``(labels, [(number, name), ...])``; a label is ``""`` where not even the number fits.
     """
-    rgb = np.ascontiguousarray(rgb, dtype=np.uint8)
-    if rgb.ndim != 3 or rgb.shape[2] != 3 or 0 in rgb.shape:
-        raise TimelineError(f"write_png needs a non-empty (height, width, 3) array, "
-                            f"not shape {rgb.shape}")
-    h, w, _ = rgb.shape
-    raw = np.zeros((h, 1 + 3 * w), np.uint8)
-    raw[:, 1:] = rgb.reshape(h, 3 * w)
-    png = (b"\x89PNG\r\n\x1a\n"
-           + _chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
-           + _chunk(b"IDAT", zlib.compress(raw.tobytes(), 6))
-           + _chunk(b"IEND", b""))
-    path = Path(path)
-    path.write_bytes(png)
-    return path
+    suffixes = suffixes if suffixes is not None else [""] * len(names)
+    numbers: dict[str, int] = {}
+    labels = [""] * len(names)
+    for i in sorted(range(len(names)), key=lambda i: starts[i]):
+        name, px, suffix = names[i], room[i], suffixes[i]
+        if text_width(name + suffix) <= px:
+            labels[i] = name + suffix
+            continue
+        n = numbers.setdefault(name, len(numbers) + 1)
+        labels[i] = next((t for t in (f"{n}{suffix}", str(n)) if text_width(t) <= px), "")
+    return labels, [(n, name) for name, n in numbers.items()]
 
 
 # --------------------------------------------------------------------------- layout
@@ -196,12 +140,37 @@ _BAR_INSET = 2        # blank rows above and below the bars inside a lane
 _LANE_GAP = 3
 _LAYER_ROW_H = 13     # one row of layer boxes (7-px text + margins)
 _MAX_LAYER_ROWS = 4
-_LINE_H = _GLYPH_H + 4
+_LINE_H = GLYPH_H + 4
 _TITLE_SCALE = 2
+#: Bounds of an automatic image width: wide enough to name a few dozen boxes, small
+#: enough to open anywhere.
+AUTO_WIDTH = (1600, 8000)
+# the pixels an automatic width gives a box: room for the typical name, within bounds
+_BOX_PX = (24, 160)
+
+
+class _Plot:
+    """Time -> pixel column of a plot ``plot_w`` columns from ``plot_x0``, time 0 to ``t_max``."""
+
+    width: int
+    height: int
+    plot_x0: int
+    plot_w: int
+    t_max: float
+
+    def x_of(self, t: float) -> int:
+        """The pixel column holding time ``t``."""
+        return self.plot_x0 + min(self.plot_w - 1, int(t * self.plot_w / self.t_max))
+
+    def box_x(self, start: float, end: float) -> tuple[int, int]:
+        """Columns [x0, x1) of a box from ``start`` to ``end``: at least one column, and
+        a box ending at the plot's end reaches its last column."""
+        x0 = self.x_of(start)
+        return x0, max(x0 + 1, self.x_of(end) if end < self.t_max else self.plot_x0 + self.plot_w)
 
 
 @dataclass
-class _Layout:
+class _Layout(_Plot):
     """Where everything goes; the tests read it to find a bar's pixels."""
 
     width: int
@@ -221,10 +190,10 @@ class _Layout:
     axis_y: int = 0
     legend_y: int = 0
     legend: list[str] = field(default_factory=list)
-
-    def x_of(self, cycle: float) -> int:
-        """The pixel column holding ``cycle``."""
-        return self.plot_x0 + min(self.plot_w - 1, int(cycle * self.plot_w / self.t_max))
+    #: Each span's label (its name, a key number or ""), and the key below the legend.
+    labels: list[str] = field(default_factory=list)
+    key: list[tuple[int, str]] = field(default_factory=list)
+    key_y: int = 0
 
 
 def _track_key(track: str) -> tuple[int, str, int, str]:
@@ -282,20 +251,33 @@ def _check_events(events: Sequence[TraceEvent] | None) -> Sequence[TraceEvent]:
     return events
 
 
-def _layout(events: Sequence[TraceEvent], spans: Sequence[Span], title: str,
-            width: int) -> _Layout:
-    tracks = _tracks(events)
-    label_w = max(_text_width(t) for t in [*tracks, "layers", "cycles"]) + 2 * _PAD
+def resolve_width(width: int | None, label_w: int, busiest_row: Sequence[str]) -> int:
+    """``width``, or with None one giving each box of the busiest row (its labels in
+    ``busiest_row``) room for their median label, within :data:`AUTO_WIDTH`. A width too
+    small for the labels column raises :class:`TimelineError`."""
+    if width is None:
+        box = np.clip(np.median([text_width(n) for n in busiest_row] or [0]) + 6, *_BOX_PX)
+        width = int(np.clip(label_w + _PAD + len(busiest_row) * box, *AUTO_WIDTH))
     if width < label_w + 64 + _PAD:
         raise TimelineError(f"a timeline needs width >= {label_w + 64 + _PAD} pixels "
-                            f"(the labels take {label_w}), not {width}")
-    t_max = max([1, *(e.end for e in events), *(s[2] for s in spans)])
+                            f"(the labels take {label_w}), not {width}",
+                            fix={PYTHON: "pass a larger width=, or width=None for one that "
+                                         "fits the picture"})
+    return width
+
+
+def _layout(events: Sequence[TraceEvent], spans: Sequence[Span], title: str,
+            width: int | None) -> _Layout:
+    tracks = _tracks(events)
+    label_w = max(text_width(t) for t in [*tracks, "layers", "cycles", "key"]) + 2 * _PAD
+    span_row = _span_rows(spans, _MAX_LAYER_ROWS) if spans else []
+    busiest = max(range(max(span_row, default=0) + 1), key=span_row.count)
+    width = resolve_width(width, label_w, [s[0] for s, r in zip(spans, span_row) if r == busiest])
     y = _PAD
     if title:
-        y += _GLYPH_H * _TITLE_SCALE + _PAD
-    layer_rows, span_row = None, []
+        y += GLYPH_H * _TITLE_SCALE + _PAD
+    layer_rows = None
     if spans:
-        span_row = _span_rows(spans, _MAX_LAYER_ROWS)
         h = _LAYER_ROW_H * (max(span_row) + 1)
         layer_rows = (y, y + h)
         y += h + _LANE_GAP + 2
@@ -308,20 +290,53 @@ def _layout(events: Sequence[TraceEvent], spans: Sequence[Span], title: str,
     y += 5 + _LINE_H + _PAD // 2          # tick, tick labels
     kinds = sorted({instruction_kind(n) for n in {e.name for e in events}},
                    key=lambda k: (list(PALETTE).index(k) if k in PALETTE else len(PALETTE), k))
-    legend_y = y
-    legend_lines = _legend_lines(kinds, label_w, width)
-    y += max(1, legend_lines) * _LINE_H + _PAD
-    return _Layout(width=width, height=y, plot_x0=label_w, plot_w=width - label_w - _PAD,
-                   t_max=t_max, tracks=tracks, bar_rows=bar_rows, lane_rows=lane_rows,
-                   layer_rows=layer_rows, span_row=span_row, axis_y=axis_y,
-                   legend_y=legend_y, legend=kinds)
+    lay = _Layout(width=width, height=0, plot_x0=label_w, plot_w=width - label_w - _PAD,
+                  t_max=max([1, *(e.end for e in events), *(s[2] for s in spans)]),
+                  tracks=tracks, bar_rows=bar_rows, lane_rows=lane_rows,
+                  layer_rows=layer_rows, span_row=span_row, axis_y=axis_y,
+                  legend_y=y, legend=kinds)
+    y += legend_height(kinds, label_w, width)
+    room = [x1 - x0 - 4 for x0, x1 in (lay.box_x(start, end) for _, start, end in spans)]
+    lay.labels, lay.key = box_labels([s[0] for s in spans], room, [s[1:] for s in spans])
+    lay.key_y = y
+    lay.height = y + key_height(lay.key, label_w, width)
+    return lay
 
 
-def _legend_items(kinds: list[str], x0: int, width: int) -> list[tuple[str, int, int]]:
+def _key_items(key: Sequence[tuple[int, str]], x0: int, width: int
+               ) -> list[tuple[str, int, int]]:
+    """(text, x, line) of the key's lines: entries ``"n: name"`` numbered down columns as
+    wide as the widest entry; an entry wider than the image continues on the next line."""
+    if not key:
+        return []
+    avail = width - _PAD - x0
+    per_line = max(1, (avail + 1) // ADVANCE)
+    lines = [t[i:i + per_line] for t in (f"{n}: {name}" for n, name in key)
+             for i in range(0, len(t), per_line)]
+    col_w = max(map(text_width, lines)) + 3 * ADVANCE
+    rows = -(-len(lines) // max(1, (avail + 3 * ADVANCE) // col_w))
+    return [(text, x0 + i // rows * col_w, i % rows) for i, text in enumerate(lines)]
+
+
+def key_height(key: Sequence[tuple[int, str]], x0: int, width: int) -> int:
+    """Pixel rows the key of :func:`box_labels` takes below a chart (0 without one)."""
+    items = _key_items(key, x0, width)
+    return (1 + max(line for _, _, line in items)) * _LINE_H + _PAD if items else 0
+
+
+def paint_key(img: np.ndarray, key: Sequence[tuple[int, str]], x0: int, y: int) -> None:
+    """Draw the key of :func:`box_labels` with its first line at row ``y``."""
+    if key:
+        draw_text(img, _PAD, y + 1, "key", _TEXT)
+    for text, x, line in _key_items(key, x0, img.shape[1]):
+        draw_text(img, x, y + 1 + line * _LINE_H, text, _TEXT)
+
+
+def _legend_items(kinds: Sequence[str], x0: int, width: int) -> list[tuple[str, int, int]]:
     """(kind, x, line) of every legend entry, wrapped at the image's right edge."""
     out, x, line = [], x0, 0
     for k in kinds:
-        w = 12 + _text_width(k) + 14
+        w = 12 + text_width(k) + 14
         if x + w > width - _PAD and x > x0:
             x, line = x0, line + 1
         out.append((k, x, line))
@@ -329,27 +344,70 @@ def _legend_items(kinds: list[str], x0: int, width: int) -> list[tuple[str, int,
     return out
 
 
-def _legend_lines(kinds: list[str], x0: int, width: int) -> int:
-    items = _legend_items(kinds, x0, width)
-    return items[-1][2] + 1 if items else 0
+def legend_height(entries: Sequence[str], x0: int, width: int) -> int:
+    """Pixel rows a legend of ``entries`` takes (one line at least)."""
+    lines = 1 + max((line for *_, line in _legend_items(entries, x0, width)), default=0)
+    return lines * _LINE_H + _PAD
 
 
-def _nice_step(t_max: int, plot_w: int) -> int:
-    """A 1/2/5 x 10^k cycle step giving a tick about every 100 pixels."""
-    raw = max(1.0, t_max / max(1, plot_w // 100))
-    mag = 10 ** int(np.floor(np.log10(raw)))
-    for m in (1, 2, 5, 10):
-        if m * mag >= raw:
-            return int(m * mag)
-    return int(10 * mag)
+def paint_legend(img: np.ndarray, swatches: Mapping[str, Sequence[RGB]], x0: int,
+                 y: int) -> None:
+    """Draw a legend entry per key of ``swatches`` (wrapped as :func:`_legend_items`):
+    a 10-px swatch split evenly between its colours (none: text only), then the text."""
+    for text, x, line in _legend_items(list(swatches), x0, img.shape[1]):
+        top = y + line * _LINE_H
+        colours = swatches[text]
+        edges = [x + 10 * i // max(1, len(colours)) for i in range(len(colours) + 1)]
+        for c, a, b in zip(colours, edges, edges[1:]):
+            img[top:top + GLYPH_H + 1, a:b] = c
+        draw_text(img, x + 14 if colours else x, top + 1, text, _TEXT)
 
 
-def _cycle_label(c: int) -> str:
+def nice_step(t_max: float, plot_w: int) -> float:
+    """A 1/2/5 x 10^k step of time giving a tick about every 100 pixels."""
+    raw = t_max / max(1, plot_w // 100)
+    mag = 10.0 ** np.floor(np.log10(raw))
+    return float(next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw * (1 - 1e-9)))
+
+
+def _cycle_label(c: float) -> str:
     if c >= 10_000_000:
         return f"{c / 1e6:g}M"
     if c >= 10_000:
         return f"{c / 1e3:g}k"
-    return str(c)
+    return str(int(c))
+
+
+def blank_chart(plot: _Plot, title: str, lanes: Mapping[str, tuple[int, int]],
+                row_h: int) -> np.ndarray:
+    """A white ``plot.height`` x ``plot.width`` image with ``title`` and the ``lanes``
+    (name -> rows y0, y1): grey bands named in the labels column, centred on the first
+    ``row_h`` rows."""
+    img = np.full((plot.height, plot.width, 3), 255, np.uint8)
+    draw_text(img, _PAD, _PAD, title, _TEXT, scale=_TITLE_SCALE, clip_x=plot.width - _PAD)
+    for name, (y0, y1) in lanes.items():
+        img[y0:y1, plot.plot_x0:plot.plot_x0 + plot.plot_w] = _LANE_BG
+        draw_text(img, _PAD, y0 + (row_h - GLYPH_H) // 2, name, _TEXT)
+    return img
+
+
+def paint_axis(img: np.ndarray, plot: _Plot, top: int, axis_y: int, step: float,
+               caption: str, label: Callable[[float], str]) -> None:
+    """A time axis at row ``axis_y``: a tick and ``label(t)`` every ``step`` from 0 to
+    ``plot.t_max``, ``caption`` in the labels column, and a grid line in the lane
+    background (rows ``top`` to the axis) where nothing is drawn yet."""
+    px0, px1 = plot.plot_x0, plot.plot_x0 + plot.plot_w
+    img[axis_y, px0:px1] = _AXIS
+    draw_text(img, _PAD, axis_y + 5, caption, _TEXT)
+    for i in range(int(plot.t_max / step * (1 + 1e-9)) + 1):
+        t = i * step
+        x = plot.x_of(t) if t < plot.t_max else px1 - 1
+        column = img[top:axis_y, x]
+        column[(column == _LANE_BG).all(axis=1)] = _GRID
+        img[axis_y:axis_y + 4, x] = _AXIS
+        text = label(t)
+        lx = min(x - text_width(text) // 2, img.shape[1] - 2 - text_width(text))
+        draw_text(img, max(px0, lx), axis_y + 6, text, _TEXT)
 
 
 # --------------------------------------------------------------------------- drawing
@@ -395,31 +453,56 @@ def _paint_lane(img: np.ndarray, lay: _Layout, rows: tuple[int, int], kinds: lis
 def _paint_layers(img: np.ndarray, lay: _Layout, spans: Sequence[Span]) -> None:
     assert lay.layer_rows is not None
     top = lay.layer_rows[0]
-    for i, ((name, start, end), row) in enumerate(zip(spans, lay.span_row, strict=True)):
-        x0 = lay.x_of(start)
-        x1 = max(x0 + 1, lay.x_of(end) if end < lay.t_max else lay.plot_x0 + lay.plot_w)
+    draw_text(img, _PAD, top + 3, "layers", _TEXT)
+    for i, ((_, start, end), row) in enumerate(zip(spans, lay.span_row, strict=True)):
+        x0, x1 = lay.box_x(start, end)
         y0 = top + row * _LAYER_ROW_H
-        y1 = y0 + _LAYER_ROW_H - 1
         # neighbours alternate fills so adjacent layers stay apart when boxes are thin
-        img[y0:y1, x0:x1] = _LAYER_FILL[i % 2]
-        img[y0, x0:x1] = img[y1 - 1, x0:x1] = _LAYER_EDGE
-        img[y0:y1, x0] = img[y0:y1, x1 - 1] = _LAYER_EDGE
-        label = _truncate(name, x1 - x0 - 4)
-        if label:
-            _draw_text(img, x0 + 2, y0 + 3, label, _TEXT, clip_x=x1 - 1)
+        paint_box(img, (x0, x1, y0, y0 + _LAYER_ROW_H - 1), _LAYER_FILL[i % 2], _LAYER_EDGE,
+                  lay.labels[i])
+
+
+def paint_box(img: np.ndarray, box: tuple[int, int, int, int], fill: RGB, edge: RGB | None,
+              label: str) -> None:
+    """A box over columns [x0, x1) and rows [y0, y1) (``box``), with a one-pixel
+    ``edge`` unless None, and ``label`` at its left, centred vertically, clipped to it."""
+    x0, x1, y0, y1 = box
+    img[y0:y1, x0:x1] = fill
+    if edge is not None:
+        img[y0, x0:x1] = img[y1 - 1, x0:x1] = edge
+        img[y0:y1, x0] = img[y0:y1, x1 - 1] = edge
+    draw_text(img, x0 + 2, y0 + (y1 - y0 - GLYPH_H + 1) // 2, label, _TEXT, clip_x=x1 - 1)
+
+
+def _paint_tracks(img: np.ndarray, lay: _Layout, events: Sequence[TraceEvent]) -> None:
+    """Every track's bars, from the events gathered into arrays once."""
+    track_id = {t: i for i, t in enumerate(lay.tracks)}
+    kind_index = {k: i for i, k in enumerate(lay.legend)}
+    # a name's kind is looked up once, not per event
+    kid_of = {n: kind_index[instruction_kind(n)] for n in {e.name for e in events}}
+    tid = np.array([track_id[e.track] for e in events], np.int64)
+    kid = np.array([kid_of[e.name] for e in events], np.int64)
+    start = np.array([e.start for e in events], np.float64)
+    end = np.maximum(start, np.array([e.end for e in events], np.float64))
+    for t, i in track_id.items():
+        sel = tid == i
+        if sel.any():
+            _paint_lane(img, lay, lay.bar_rows[t], lay.legend, kid[sel], start[sel], end[sel])
 
 
 def render_timeline_png(events: Sequence[TraceEvent], path: str | Path, *,
                         spans: Sequence[Span] = (), title: str = "",
-                        width: int = 1600) -> Path:
+                        width: int | None = None) -> Path:
     """Draw ``events`` (a :class:`~tessera.sim.SimResult` ``trace``) as a PNG timeline.
 
     One lane per track, in the order of :data:`tessera.config.MODULES` with compute-unit
     sub-tracks after their module; a bar per instruction coloured by
     :func:`instruction_kind` (see :data:`PALETTE`); with ``spans`` (``(layer, start
-    cycle, end cycle)``) a top lane of labelled layer boxes, overlapping spans on extra
-    rows; a cycle axis from 0 with 1/2/5 ticks; a legend. ``width`` is the image width
-    in pixels (the height follows from the number of lanes).
+    cycle, end cycle)``) a top lane of layer boxes, overlapping spans on extra rows, each
+    labelled with its name where it fits and otherwise with a number listed with the
+    full name in a key below the legend (:func:`box_labels`); a cycle axis from 0 with
+    1/2/5 ticks; a legend. ``width`` is the image width in pixels; None sizes it to the
+    number of layers (:data:`AUTO_WIDTH`). The height follows from the lanes and the key.
 
     An empty ``events`` gives a valid picture with empty lanes; ``None`` (no trace
     recorded), a span ending before it starts, or a width too small for the labels
@@ -428,62 +511,19 @@ def render_timeline_png(events: Sequence[TraceEvent], path: str | Path, *,
     events = _check_events(events)
     spans = _check_spans(spans)
     lay = _layout(events, spans, title, width)
-    img = np.full((lay.height, lay.width, 3), 255, np.uint8)
-    px0, px1 = lay.plot_x0, lay.plot_x0 + lay.plot_w
-
-    if title:
-        _draw_text(img, _PAD, _PAD, title, _TEXT, scale=_TITLE_SCALE, clip_x=width - _PAD)
-    if lay.layer_rows is not None:
-        _draw_text(img, _PAD, lay.layer_rows[0] + 3, "layers", _TEXT)
-    for t in lay.tracks:
-        y0, y1 = lay.lane_rows[t]
-        img[y0:y1, px0:px1] = _LANE_BG
-        _draw_text(img, _PAD, y0 + (_LANE_H - _GLYPH_H) // 2, t, _TEXT)
-
+    img = blank_chart(lay, title, lay.lane_rows, _LANE_H)
     # grid and ticks first, so bars cover the grid and idle stretches show it
-    step = _nice_step(lay.t_max, lay.plot_w)
-    lanes_top = lay.lane_rows[lay.tracks[0]][0]
-    ay = lay.axis_y
-    img[ay, px0:px1] = _AXIS
-    _draw_text(img, _PAD, ay + 5, "cycles", _TEXT)
-    for c in range(0, lay.t_max + 1, step):
-        x = lay.x_of(c) if c < lay.t_max else px1 - 1
-        column = img[lanes_top:ay, x]
-        column[(column == _LANE_BG).all(axis=1)] = _GRID
-        img[ay:ay + 4, x] = _AXIS
-        label = _cycle_label(c)
-        lx = min(x - _text_width(label) // 2, width - 2 - _text_width(label))
-        _draw_text(img, max(px0, lx), ay + 6, label, _TEXT)
-
+    step = max(1, round(nice_step(lay.t_max, lay.plot_w)))
+    paint_axis(img, lay, lay.lane_rows[lay.tracks[0]][0], lay.axis_y, step, "cycles",
+               _cycle_label)
     if events:
-        track_id = {t: i for i, t in enumerate(lay.tracks)}
-        kind_index = {k: i for i, k in enumerate(lay.legend)}
-        n = len(events)
-        tid = np.empty(n, np.int64)
-        kid = np.empty(n, np.int64)
-        start = np.empty(n, np.float64)
-        end = np.empty(n, np.float64)
-        # the one per-event Python loop; a name's kind is looked up once, not per event
-        kid_of = {n: kind_index[instruction_kind(n)] for n in {e.name for e in events}}
-        for i, e in enumerate(events):
-            tid[i] = track_id[e.track]
-            kid[i] = kid_of[e.name]
-            start[i] = e.start
-            end[i] = max(e.start, e.end)
-        for t, i in track_id.items():
-            sel = tid == i
-            if sel.any():
-                _paint_lane(img, lay, lay.bar_rows[t], lay.legend, kid[sel], start[sel], end[sel])
-
+        _paint_tracks(img, lay, events)
     if lay.layer_rows is not None:
         _paint_layers(img, lay, spans)
-
-    for kind, x, line in _legend_items(lay.legend, px0, width):
-        y = lay.legend_y + line * _LINE_H
-        img[y:y + _GLYPH_H + 1, x:x + 10] = _colour(kind)
-        _draw_text(img, x + 14, y + 1, kind, _TEXT)
+    paint_legend(img, {k: [_colour(k)] for k in lay.legend}, lay.plot_x0, lay.legend_y)
     if not events:
-        _draw_text(img, px0, lay.legend_y + 1, "no instructions traced", _TEXT)
+        draw_text(img, lay.plot_x0, lay.legend_y + 1, "no instructions traced", _TEXT)
+    paint_key(img, lay.key, lay.plot_x0, lay.key_y)
     return write_png(img, path)
 
 
@@ -509,16 +549,20 @@ def perfetto_trace(events: Sequence[TraceEvent], config: HwConfig, *,
     first = 1 + max((ev["tid"] for ev in out), default=-1)
     rows = _span_rows(spans, max_rows=len(spans))
     for row in range(max(rows) + 1):
-        tid = first + row
-        out.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": tid,
-                    "args": {"name": "layers" if row == 0 else f"layers {row + 1}"}})
-        out.append({"name": "thread_sort_index", "ph": "M", "pid": 0, "tid": tid,
-                    "args": {"sort_index": -100 + row}})
+        out += track_metadata(first + row, "layers" if row == 0 else f"layers {row + 1}",
+                              -100 + row)
     for (name, start, end), row in zip(spans, rows, strict=True):
         out.append({"name": name, "cat": "layer", "ph": "X", "pid": 0, "tid": first + row,
                     "ts": start * us, "dur": (end - start) * us,
                     "args": {"start_cycle": start, "end_cycle": end, "cycles": end - start}})
     return trace
+
+
+def track_metadata(tid: int, name: str, sort_index: int) -> list[dict[str, Any]]:
+    """The Perfetto metadata events naming track ``tid`` (of process 0) and placing it."""
+    return [{"name": "thread_name", "ph": "M", "pid": 0, "tid": tid, "args": {"name": name}},
+            {"name": "thread_sort_index", "ph": "M", "pid": 0, "tid": tid,
+             "args": {"sort_index": sort_index}}]
 
 
 def write_perfetto_trace(events: Sequence[TraceEvent], config: HwConfig, path: str | Path, *,

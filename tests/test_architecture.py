@@ -45,9 +45,10 @@ ALLOWED = {
     # imports them.
     "plugins": {"core", "hw", "compiler.accel", "compiler.frontend"},
 }
-#: The entry points above every layer: the CLI, and ``tessera.compile``/``tessera.load``
-#: (lazy imports in the core package's ``__init__``).
-ENTRY_POINTS = {"tessera", "tessera.cli"}
+#: The entry points above every layer: the CLI (its scheduling commands in a module of
+#: their own), and ``tessera.compile``/``tessera.load`` (lazy imports in the core
+#: package's ``__init__``).
+ENTRY_POINTS = {"tessera", "tessera.cli", "tessera.cli_hetero"}
 
 #: Modules allowed past MAX_MODULE_LINES, with the reason.
 LONG_MODULES: dict[str, str] = {}

@@ -15,7 +15,7 @@ import pytest
 from tessera.compiler import Conv2d, compile_ops
 from tessera.config import MODULES, PRESETS
 from tessera.errors import TesseraError
-from tessera.runtime import timeline
+from tessera.runtime import png, timeline
 from tessera.errors import TimelineError
 from tessera.runtime.timeline import (MIN_ALPHA, PALETTE, instruction_kind,
                                       perfetto_trace, render_timeline_png, write_perfetto_trace,
@@ -48,6 +48,20 @@ def read_png(path) -> np.ndarray:
     rows = np.frombuffer(raw, np.uint8).reshape(h, 1 + 3 * w)
     assert (rows[:, 0] == 0).all()   # filter "none" on every scanline
     return rows[:, 1:].reshape(h, w, 3)
+
+
+def assert_key_drawn(img, lay) -> None:
+    """Every key line is in the image, glyph for glyph, where the layout puts it."""
+    items = timeline._key_items(lay.key, lay.plot_x0, lay.width)
+    assert items
+    for text, x, line in items:
+        y = lay.key_y + 1 + line * timeline._LINE_H
+        want = np.zeros((7, png.text_width(text), 3), np.uint8)
+        png.draw_text(want, 0, 0, text, (255, 255, 255))
+        mask = want[..., 0] == 255
+        got = img[y:y + 7, x:x + want.shape[1]]
+        assert (got[mask] == timeline._TEXT).all(), text
+        assert (got[~mask] != timeline._TEXT).any(-1).all(), text
 
 
 @pytest.fixture(scope="module")
@@ -184,6 +198,28 @@ def test_errors(tmp_path):
     assert not (tmp_path / "x.png").exists()
 
 
+def test_layer_names_are_never_cut(tmp_path):
+    """A model of 200 layers with long names: the image widens, a name too long for its
+    box becomes a key number, and the key lists every such name in full."""
+    spans = [("backbone/stem_convolution_with_batchnorm_folded", 0, 30_000)]
+    spans += [(f"backbone/stage_{i // 10}/block_{i}/conv", 30_000 + 100 * i, 30_100 + 100 * i)
+              for i in range(200)]
+    img = read_png(render_timeline_png([], tmp_path / "k.png", spans=spans))
+    lay = timeline._layout([], spans, "", None)
+    assert img.shape[:2] == (lay.height, lay.width)
+    assert lay.width == timeline.AUTO_WIDTH[1]
+    assert timeline._layout([], spans[:40], "", None).width < lay.width
+    number = {name: n for n, name in lay.key}
+    assert lay.labels[0] == spans[0][0] and spans[0][0] not in number
+    assert len(number) == 200
+    for (name, _, _), label in zip(spans, lay.labels, strict=True):
+        assert label == name or label in {str(number[name]), ""}
+    assert_key_drawn(img, lay)
+    # the layer boxes show their numbers where those fit
+    x0, x1 = lay.box_x(*spans[1][1:])
+    assert x1 - x0 > png.text_width("1") + 4 and lay.labels[1] == "1"
+
+
 def test_overlapping_spans_get_their_own_rows(tmp_path):
     spans = [("a", 0, 100), ("b", 50, 150), ("c", 100, 200), ("d", 120, 130)]
     assert timeline._span_rows(spans, 4) == [0, 1, 0, 2]
@@ -195,11 +231,11 @@ def test_overlapping_spans_get_their_own_rows(tmp_path):
 
 
 def test_write_png_and_font():
-    assert timeline._FONT.shape == (95, 7, 6)
-    assert not timeline._FONT[0].any()                 # space
-    assert timeline._FONT[ord("|") - 32][:, 2].all()   # a full-height bar
+    assert png.FONT.shape == (95, 7, 6)
+    assert not png.FONT[0].any()                 # space
+    assert png.FONT[ord("|") - 32][:, 2].all()   # a full-height bar
     img = np.zeros((10, 40, 3), np.uint8)
-    timeline._draw_text(img, 1, 1, "Hi\x01", (255, 0, 0))
+    png.draw_text(img, 1, 1, "Hi\x01", (255, 0, 0))
     assert (img[..., 0] == 255).sum() > 10 and (img[..., 1] == 0).all()
     with pytest.raises(TimelineError):
         write_png(np.zeros((0, 3, 3), np.uint8), "unused.png")
