@@ -23,7 +23,9 @@ its launch and transfer costs, scheduled on the host's cores and the one acceler
 outputs are compared with the DP sequential run's (they must be bit-identical), and
 the stream's frames with frame-by-frame runs.
 
-``--zoo`` adds greedy against DP on the other zoo models (projected sequential latency).
+``--zoo`` adds greedy against DP on the other zoo models (projected sequential latency);
+``--published`` greedy and DP, sequential and parallel, on published branchy models with
+host work (YOLOX, PicoDet; fetched into the test cache on first use).
 ``--markdown`` prints markdown tables for docs/models.md.
 """
 from __future__ import annotations
@@ -179,6 +181,42 @@ def zoo_rows(host) -> list[list[str]]:
 
 _ZOO_HEAD = ("model", "greedy", "DP", "DP vs greedy", "outputs identical")
 
+#: Published branchy models with host work (tests/models/cases.py, fetched into the test
+#: cache on first use): YOLOX's detection heads, PicoDet's.
+PUBLISHED = ("common_det", "layout_cdla")
+
+
+def published_rows(host) -> list[list[str]]:
+    """Greedy and DP, sequential and parallel, on published models whose host ops
+    (slices, resizes, concatenations the accelerator cannot do in place) give the CPU
+    work beside the accelerator."""
+    from tests.models.cases import MODELS as WHEEL_MODELS
+    rows = []
+    for case in (c for c in WHEEL_MODELS if c.name in PUBLISHED):
+        feeds = case.feeds()
+        got = {}
+        for how in ("greedy", "dp"):
+            m = tessera.compile(str(case.path), CONFIG, calibration=feeds.calibration,
+                                input_shapes=dict(case.input_shapes), host=host,
+                                placement=how)
+            for parallel in (False, True):
+                out, prof = m.run(feeds.check, host=host, parallel=parallel)
+                got[how, parallel] = (prof.latency_seconds, out,
+                                      m.compiled.stats["segments"])
+            m.close()
+        seq, par = got["dp", False], got["dp", True]
+        same = all(_same(v[1], seq[1]) for v in got.values())
+        rows.append([case.name, f"{_ms(got['greedy', False][0])} "
+                                f"({got['greedy', False][2]} seg.)",
+                     f"{_ms(seq[0])} ({seq[2]} seg.)", _ms(par[0]),
+                     f"{got['greedy', False][0] / seq[0]:.3f}x", f"{seq[0] / par[0]:.2f}x",
+                     "yes" if same else "NO"])
+    return rows
+
+
+_PUBLISHED_HEAD = ("model", "greedy, seq.", "DP, seq.", "DP + parallel", "DP vs greedy",
+                   "parallel vs DP seq.", "outputs identical")
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -187,7 +225,11 @@ def main() -> int:
     ap.add_argument("--frames", type=int, default=6, help="frames of the pipelined stream")
     ap.add_argument("--only", nargs="*", choices=MODELS, help="models (default: both)")
     ap.add_argument("--zoo", action="store_true", help="greedy vs DP on the other zoo models")
+    ap.add_argument("--published", action="store_true",
+                    help=f"also the published models {', '.join(PUBLISHED)} (minutes)")
     ap.add_argument("--markdown", action="store_true", help="markdown tables")
+    ap.add_argument("--timeline", metavar="PNG",
+                    help="write the first model's pipelined stream as a board timeline")
     args = ap.parse_args()
     host = get_host_model(args.host)
     results = []
@@ -195,6 +237,8 @@ def main() -> int:
         started = time.perf_counter()
         results.append(measure(name, host, args.frames))
         print(f"{name}: {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    if args.timeline:
+        results[0].profiles["stream"].write_board_timeline(args.timeline)
     print(f"Projected on host model {host.name!r} ({host.cpu}), config {CONFIG!r}; "
           f"{args.frames} frames streamed. Targets: DP <= greedy; parallel >= "
           f"{PARALLEL_TARGET}x on the branchy CNN; pipelined fps >= {IIS_PIPELINE_SPEEDUP}x "
@@ -205,6 +249,9 @@ def main() -> int:
     if args.zoo:
         print()
         print(table(_ZOO_HEAD, zoo_rows(host), args.markdown))
+    if args.published:
+        print()
+        print(table(_PUBLISHED_HEAD, published_rows(host), args.markdown))
     return 0 if all(r.identical for r in results) else 1
 
 

@@ -26,6 +26,7 @@ with numpy alone. :mod:`tessera.runtime.executor` runs it.
 """
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -126,6 +127,9 @@ class CompiledModel:
     #: The int8 QDQ ONNX model this was compiled from (the reference onnxruntime runs;
     #: not stored in model files).
     reference: Any = None
+    #: Recurrent state: input name -> the output carried into it from one run (frame) to
+    #: the next (the ONNX metadata ``tessera.recurrent_state``; ``Model.stream`` uses it).
+    state: dict[str, str] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ queries
     @property
@@ -164,6 +168,7 @@ class CompiledModel:
             "outputs": [t.to_dict() for t in self.outputs],
             "steps": steps, "placements": [p.to_dict() for p in self.placements],
             "compile_seconds": self.compile_seconds, "stats": self.stats,
+            "state": self.state,
         }
         return mf
 
@@ -201,7 +206,8 @@ class CompiledModel:
             return cls(mf.config, [TensorSig.from_dict(t) for t in m["inputs"]],
                        [TensorSig.from_dict(t) for t in m["outputs"]], steps,
                        [Placement.from_dict(p) for p in m["placements"]], m.get("source", ""),
-                       m.get("compile_seconds", 0.0), m.get("stats", {}))
+                       m.get("compile_seconds", 0.0), m.get("stats", {}),
+                       state=dict(m.get("state", {})))
         except ProgramFileError:
             raise
         except (KeyError, TypeError, ValueError) as exc:
@@ -220,19 +226,25 @@ def compile_model(model: Any, config: HwConfig | str | None = None, *,
                   input_shapes: Mapping[str, Sequence[int]] | None = None,
                   force_cpu: Sequence[str] = (), host=None,
                   progress: Progress | None = None, activations: str = "exact",
-                  pieces: int | None = None, tolerance: float | None = None) -> CompiledModel:
+                  pieces: int | None = None, tolerance: float | None = None,
+                  placement: str = "dp") -> CompiledModel:
     """Compile an ONNX model (``ModelProto``, path or bytes) for ``config``.
 
     A float model needs ``calibration`` (a list of input feeds) to be quantized; an int8
     QDQ model compiles as it is. ``force_cpu`` keeps the named nodes (of the fused graph,
     see :attr:`CompiledModel.placements`) on the CPU; ``host`` is the
     :class:`~tessera.hostmodel.HostModel` the placement assumes (a model, a built-in's name,
-    ``"local"`` or a file; ``None``: the config's board CPU). ``progress(stage, done, total)``
+    ``"local"`` or a file; ``None``: the config's board CPU). ``placement`` is the
+    strategy of :func:`~.placement.partition.place_nodes`: ``"dp"`` (the least projected
+    latency of the whole graph), ``"greedy"`` (cheaper per node) or ``"cpu"`` (the CPU-only
+    baseline). ``progress(stage, done, total)``
     is called as compilation advances. ``activations="approximate"`` with ``pieces`` or
     ``tolerance`` approximates the activations no exact intrinsic of ``config`` runs
     (:func:`~.accel.builtin_patterns.mark_approximate_activations`), fitted to their
     inputs' distribution on the calibration data.
     """
+    from .placement.partition import check_strategy
+
     t0 = time.perf_counter()
     cfg = get_config(config)
     report = progress or (lambda stage, done, total: None)
@@ -240,17 +252,21 @@ def compile_model(model: Any, config: HwConfig | str | None = None, *,
         raise CompileError(f"activations must be 'exact' or 'approximate', not {activations!r}",
                            fix={PYTHON: "activations='approximate' with pieces=K or tolerance=T",
                                 CLI: "--activations approximate --pieces K (or --tolerance T)"})
+    # A bad host model or strategy is an error before any long work starts.
+    hostmodel = get_host_model(host, cfg.name)
+    check_strategy(placement)
     graph, reference = import_quantized(model, input_shapes, calibration, report)
     fuse_integer_nodes(graph)
     if activations == "approximate":
         approximate_activations(graph, cfg, reference, calibration, pieces, tolerance)
-    placements, steps, runs = place_and_compile(graph, cfg, get_host_model(host, cfg.name), force_cpu,
-                                                report)
+    placements, steps, runs = place_and_compile(graph, cfg, hostmodel, force_cpu, report,
+                                                placement)
     counts = {t: sum(p.target == t for p in placements) for t in ("accelerator", "cpu", "view")}
     compiled = CompiledModel(cfg, _signatures(graph, graph.inputs),
                              _signatures(graph, graph.outputs), steps, placements, graph.name,
                              time.perf_counter() - t0,
-                             {"nodes": counts, "segments": len(runs)}, reference)
+                             {"nodes": counts, "segments": len(runs)}, reference,
+                             recurrent_state(graph))
     report("done", 1, 1)
     return compiled
 
@@ -316,7 +332,34 @@ def import_quantized(model: Any, input_shapes, calibration, report: Progress):
     chain_sums(graph)  # onnxruntime quantizes Adds, not Sums
     reference = quantize_static(to_onnx(graph), calibration)
     _name_after_user_nodes(reference, graph)
-    return import_onnx(reference, input_shapes), reference
+    quantized = import_onnx(reference, input_shapes)
+    quantized.metadata = {**graph.metadata, **quantized.metadata}
+    return quantized, reference
+
+
+#: The ONNX metadata key of a model's recurrent state: a JSON object mapping each state
+#: input to the output carried into it from one run to the next.
+RECURRENT_STATE = "tessera.recurrent_state"
+
+
+def recurrent_state(graph) -> dict[str, str]:
+    """The state pairs ``graph``'s metadata declares (CompileError if they do not name an
+    input and an output each)."""
+    text = graph.metadata.get(RECURRENT_STATE)
+    if text is None:
+        return {}
+    try:
+        state = json.loads(text)
+        pairs = {str(k): str(v) for k, v in state.items()}
+    except (ValueError, AttributeError) as exc:
+        raise CompileError(f"metadata {RECURRENT_STATE!r} of model {graph.name!r} is not a "
+                           f"JSON object of input -> output names ({exc})") from None
+    for name, source in pairs.items():
+        if name not in graph.inputs or source not in graph.outputs:
+            raise CompileError(f"metadata {RECURRENT_STATE!r} of model {graph.name!r} carries "
+                               f"{source!r} into {name!r}: the first must be an output, the "
+                               "second an input of the model")
+    return pairs
 
 
 def _name_after_user_nodes(quantized, graph) -> None:
@@ -376,8 +419,10 @@ def fuse_integer_nodes(graph) -> None:
 
 
 def place_and_compile(graph, config: HwConfig, host, force_cpu: Sequence[str],
-                      report: Progress):
-    """Stages 3 and 4 (placement, then each backend): ``(placements, steps, segments)``.
+                      report: Progress, strategy: str = "dp"):
+    """Stages 3 and 4 (placement by ``strategy``, see
+    :func:`~.placement.partition.place_nodes`, then each backend):
+    ``(placements, steps, segments)``.
 
     A node the accelerator supports but whose tensors do not fit the config's buffers
     (e.g. too many channels' parameters for a small accumulator) falls back to the CPU and
@@ -390,7 +435,8 @@ def place_and_compile(graph, config: HwConfig, host, force_cpu: Sequence[str],
     misfits: dict[str, str] = {}
     compiled = _StepCache()
     while True:
-        placements = place_nodes(graph, config, host=host, force_cpu=[*force_cpu, *misfits])
+        placements = place_nodes(graph, config, host=host, force_cpu=[*force_cpu, *misfits],
+                                 strategy=strategy)
         for p in placements:
             if p.node in misfits:
                 p.reason = misfits[p.node]

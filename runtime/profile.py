@@ -120,7 +120,7 @@ class Profile:
                 f"  accelerator {b.accel_seconds * 1e3:.3f} ms + board CPU "
                 f"{b.cpu_seconds * 1e3:.3f} ms + launch/transfer {b.overhead_seconds * 1e3:.3f}"
                 f" ms = {b.sequential_seconds * 1e3:.3f} ms",
-                f"  latency {b.latency_seconds * 1e3:.3f} ms ({mode})"]
+                f"  projected latency {b.latency_seconds * 1e3:.3f} ms ({mode})"]
 
     def to_dict(self) -> dict[str, Any]:
         layers = [{**asdict(x), "utilisation": x.utilisation} for x in self.layers]

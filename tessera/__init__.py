@@ -32,15 +32,17 @@ def compile(model: Any, target: str | HwConfig = "pynq", *,
             input_shapes: Mapping[str, Sequence[int]] | None = None,
             force_cpu: Sequence[str] = (), host: Any = None, progress: Any = None,
             activations: str = "exact", pieces: int | None = None,
-            tolerance: float | None = None) -> "Model":
+            tolerance: float | None = None, placement: str = "dp") -> "Model":
     """Compile an ONNX model (``ModelProto``, path or bytes) for the config ``target``.
 
     A float model is quantized to int8 from ``calibration`` (a list of input feeds);
     an int8 QDQ model compiles as it is. ``force_cpu`` keeps named nodes off the
-    accelerator; ``host`` (a :class:`~tessera.compiler.placement.cost.HostCost`) is what the
-    placement assumes of the host CPU. ``activations="approximate"`` (with ``pieces=K`` or
-    ``tolerance=T`` LSBs) runs activations the config has no exact intrinsic for as sums of
-    shifted ReLUs on the accelerator (it changes results; ``"exact"`` by default). Returns a
+    accelerator; ``host`` (a :class:`~tessera.hostmodel.HostModel`, a built-in's name,
+    ``"local"`` or a file) is what the placement assumes of the host CPU; ``placement`` is
+    ``"dp"`` (least projected latency), ``"greedy"`` or ``"cpu"``.
+    ``activations="approximate"`` (with ``pieces=K`` or ``tolerance=T`` LSBs) runs
+    activations the config has no exact intrinsic for as sums of shifted ReLUs on the
+    accelerator (it changes results; ``"exact"`` by default). Returns a
     :class:`~tessera.runtime.executor.Model`
     (``run``, ``save``, ``summary``). See :func:`tessera.compiler.model.compile_model`.
     """
@@ -49,7 +51,7 @@ def compile(model: Any, target: str | HwConfig = "pynq", *,
     return Model(compile_model(model, target, calibration=calibration,
                                input_shapes=input_shapes, force_cpu=force_cpu, host=host,
                                progress=progress, activations=activations, pieces=pieces,
-                               tolerance=tolerance))
+                               tolerance=tolerance, placement=placement))
 
 
 def load(path: Any) -> "Model":

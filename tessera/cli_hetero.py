@@ -62,9 +62,9 @@ def add_hetero_commands(sub: Any) -> None:
                                               "accelerator launches; write its host model")
     p.add_argument("-o", "--output", metavar="FILE.json",
                    help="where to write it (default: where --host local finds it)")
-    p.add_argument("--backend", choices=("sim", "pynq"), default=None,
-                   help="device whose launch cost is measured (default: pynq on a board, "
-                        "else sim)")
+    p.add_argument("--backend", choices=("sim", "pynq"), default="sim",
+                   help="device whose launch cost is measured: pynq on a board; sim "
+                        "(default) measures the simulator's host-side overhead")
     p.add_argument("--quick", action="store_true", help="few, small kernels (seconds)")
     p.set_defaults(func=_cmd_calibrate_host)
 

@@ -95,15 +95,33 @@ class HostModel:
     details: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        problem = self._problem()
+        if problem:
+            raise ConfigError(f"host model {self.name!r}: {problem}",
+                              fix={CLI: "re-run tessera calibrate-host",
+                                   PYTHON: f"kernels needs exactly the kinds {list(KINDS)}, "
+                                           "with finite coefficients >= 0"})
+
+    def _problem(self) -> str | None:
+        """What is wrong with the figures (None if nothing): a model that prices
+        anything below zero, or divides by a zero rate, would mislead every schedule."""
         missing = sorted(set(KINDS) - set(self.kernels))
         unknown = sorted(set(self.kernels) - set(KINDS))
         if missing or unknown or self.cores < 1:
-            raise ConfigError(f"host model {self.name!r}: "
-                              + (f"no coefficients for kernel kinds {missing}" if missing
-                                 else f"unknown kernel kinds {unknown}" if unknown
-                                 else f"cores must be >= 1, not {self.cores}"),
-                              fix={CLI: "re-run tessera calibrate-host",
-                                   PYTHON: f"kernels needs exactly the kinds {list(KINDS)}"})
+            return (f"no coefficients for kernel kinds {missing}" if missing
+                    else f"unknown kernel kinds {unknown}" if unknown
+                    else f"cores must be >= 1, not {self.cores}")
+        bad = [k for k, c in self.kernels.items()
+               if not all(0 <= x < float("inf") for x in astuple(c))]
+        if bad:
+            return f"kernel kinds {bad} have a negative or non-finite coefficient"
+        if not 0 <= self.launch_seconds < float("inf"):
+            return f"launch_seconds must be finite and >= 0, not {self.launch_seconds}"
+        if not (self.copy_bytes_per_second > 0 and self.flush_bytes_per_second > 0):
+            return ("copy_bytes_per_second and flush_bytes_per_second must be > 0 (inf: "
+                    f"free), not {self.copy_bytes_per_second} and "
+                    f"{self.flush_bytes_per_second}")
+        return None
 
     def kernel_seconds(self, work: Work) -> float:
         """Modelled time of one kernel call on one core."""

@@ -2,7 +2,9 @@
 
 Nothing is downloaded: every model is generated from ``numpy.random.default_rng(seed)``,
 so the same seed gives byte-identical models. Models are NCHW, opset 17, one input
-``"input"``, one output ``"logits"``, batch 1 unless ``batch`` says otherwise::
+``"input"``, one output ``"logits"``, batch 1 unless ``batch`` says otherwise (the
+captioning frame also has recurrent state, ``h``/``c`` in and ``h_out``/``c_out`` out,
+named in its metadata: :func:`recurrent_state`)::
 
     from tessera.compiler import zoo
     model = zoo.resnet18(seed=0)
@@ -18,213 +20,43 @@ them is the compiler's job (and, for the golden reference, onnxruntime's pre-pro
 :func:`to_qdq`).
 
 Layer names follow torchvision where there is a torchvision model (``layer2.0.downsample.0``);
-every node's single output tensor is named after the node, and each residual or separable
-block's output is ``<block>.out``, so tests can expose any layer.
+every node's single output tensor is named after the node (the LSTM's two are the state
+outputs), and each residual, separable or inception block's output is ``<block>.out``,
+so tests can expose any layer.
 """
 from __future__ import annotations
 
+import json
 from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 import onnx
-from numpy.lib.stride_tricks import sliding_window_view
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 
-from tessera.errors import CompileError, input_shape_fix
+from tessera.errors import CLI, PYTHON, CompileError, input_shape_fix
 
 from .quantize import quantize_static
+from .zoo_builder import INPUT, IR_VERSION, OPSET, OUTPUT, RECURRENT_STATE, Builder
 
-OPSET = 17
-#: The IR version onnx pairs with opset 17 (onnx 1.12); onnxruntime 1.31 reads it.
-IR_VERSION = 8
-INPUT = "input"
-OUTPUT = "logits"
-_BN_EPS = 1e-5
+__all__ = ["INPUT", "IR_VERSION", "OPSET", "OUTPUT", "RECURRENT_STATE", "ZOO",
+           "calibration_data", "captioning", "inception", "input_shape", "lenet",
+           "mac_count", "mlp", "mobilenet", "parameter_count", "recurrent_state", "resnet18",
+           "small_resnet", "to_qdq"]
 
 #: Inputs of each op that hold trainable parameters (PyTorch's ``numel`` count): weights,
 #: biases and BatchNormalization's scale and shift, not its running statistics.
-_PARAM_INPUTS = {"Conv": (1, 2), "Gemm": (1, 2), "BatchNormalization": (1, 2)}
+_PARAM_INPUTS = {"Conv": (1, 2), "Gemm": (1, 2), "BatchNormalization": (1, 2),
+                 "LSTM": (1, 2, 3)}
 
 
-def _round_bits(x: np.ndarray, bits: int = 16) -> np.ndarray:
-    """Round to ``bits`` significant bits."""
-    mantissa, exponent = np.frexp(x)
-    return np.ldexp(np.round(mantissa * 2.0**bits), exponent - bits)
-
-
-def _conv2d(x: np.ndarray, w: np.ndarray, stride: int, pad: int, group: int) -> np.ndarray:
-    """NCHW convolution of the probe (numpy reference, one tensordot per group)."""
-    k = w.shape[-1]
-    x = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
-    windows = sliding_window_view(x, (k, k), axis=(2, 3))[:, :, ::stride, ::stride]
-    cin, cout = w.shape[1], w.shape[0] // group
-    out = [np.tensordot(windows[:, g * cin:(g + 1) * cin], w[g * cout:(g + 1) * cout],
-                        axes=([1, 4, 5], [1, 2, 3])) for g in range(group)]
-    return np.concatenate(out, axis=-1).transpose(0, 3, 1, 2)
-
-
-def _maxpool2d(x: np.ndarray, kernel: int, stride: int, pad: int) -> np.ndarray:
-    """NCHW max pooling of the probe; padding never wins, as in ONNX."""
-    x = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)), constant_values=-np.inf)
-    windows = sliding_window_view(x, (kernel, kernel), axis=(2, 3))[:, :, ::stride, ::stride]
-    return windows.max(axis=(4, 5))
-
-
-class _Builder:
-    """Accumulates the nodes and initializers of one model, drawing weights from one RNG.
-
-    It also evaluates the graph lazily, in float64 numpy, on a probe input (standard
-    normal, batch 1: the distribution of :func:`calibration_data`), so BatchNormalization
-    statistics can be those of the activations they normalise, as in a trained network.
-    """
-
-    def __init__(self, seed: int, input_shape: Sequence[int]) -> None:
-        self.rng = np.random.default_rng(seed)
-        self.input_shape = list(input_shape)
-        self.nodes: list[onnx.NodeProto] = []
-        self.initializers: list[onnx.TensorProto] = []
-        #: Every initializer as stored (float32) but widened to float64, for the probe.
-        self.params: dict[str, np.ndarray] = {}
-        # A separate stream, so the weights do not depend on whether the probe is drawn;
-        # batch 1 so they do not depend on ``batch`` either.
-        probe_shape = (1, *input_shape[1:])
-        self._forward: dict[str, Callable[[], np.ndarray]] = {
-            INPUT: lambda: np.random.default_rng([seed, 1]).standard_normal(probe_shape)}
-        self._values: dict[str, np.ndarray] = {}
-
-    def value(self, name: str) -> np.ndarray:
-        """The probe's value of a tensor, computed on first use."""
-        if name not in self._values:
-            self._values[name] = self._forward[name]()
-        return self._values[name]
-
-    def const(self, name: str, value: np.ndarray) -> str:
-        """Add a float32 initializer; return its name."""
-        value = np.asarray(value, np.float32)
-        self.initializers.append(numpy_helper.from_array(value, name))
-        self.params[name] = value.astype(np.float64)
-        return name
-
-    def node(self, op: str, inputs: Sequence[str], name: str,
-             forward: Optional[Callable[[], np.ndarray]] = None, output: Optional[str] = None,
-             **attrs) -> str:
-        """Add a node whose output is named ``output`` or after the node; return the output.
-
-        ``forward`` computes the output's probe value; only nodes upstream of a
-        BatchNormalization need one.
-        """
-        output = output or name
-        self.nodes.append(helper.make_node(op, list(inputs), [output], name=name, **attrs))
-        if forward is not None:
-            self._forward[output] = forward
-        return output
-
-    def he(self, shape: tuple[int, ...], fan_in: int, gain: float = 2.0) -> np.ndarray:
-        """He-normal weights; gain 2 keeps the second moment through a ReLU, 1 through none."""
-        return self.rng.normal(0.0, np.sqrt(gain / fan_in), shape)
-
-    def bias(self, n: int, fan_in: int) -> np.ndarray:
-        """PyTorch's default bias init: small but not zero, so the bias path is exercised."""
-        bound = 1.0 / np.sqrt(fan_in)
-        return self.rng.uniform(-bound, bound, n)
-
-    def conv(self, x: str, name: str, cin: int, cout: int, kernel: int, stride: int = 1, *,
-             group: int = 1, pad: Optional[int] = None, bias: bool = False) -> str:
-        """Square convolution, padded ``kernel // 2`` unless ``pad`` says otherwise."""
-        fan_in = cin // group * kernel * kernel
-        inputs = [x, self.const(f"{name}.weight",
-                                self.he((cout, cin // group, kernel, kernel), fan_in))]
-        if bias:
-            inputs.append(self.const(f"{name}.bias", self.bias(cout, fan_in)))
-        pad = kernel // 2 if pad is None else pad
-
-        def forward() -> np.ndarray:
-            y = _conv2d(self.value(x), self.params[inputs[1]], stride, pad, group)
-            return y + self.params[inputs[2]][:, None, None] if bias else y
-        return self.node("Conv", inputs, name, forward, kernel_shape=[kernel, kernel],
-                         strides=[stride, stride], pads=[pad] * 4, group=group)
-
-    def bn(self, x: str, name: str, channels: int) -> str:
-        """BatchNormalization with gamma ~ N(1, 0.1), beta ~ N(0, 0.1) and, as running
-        statistics, the probe's per-channel mean and variance of ``x`` (what training
-        converges to), rounded to 16 bits so that float64 rounding differences between
-        BLAS builds practically never change the stored float32s.
-        """
-        probe = self.value(x)
-        # A channel the probe never excites would get variance 0 and an exploding scale.
-        var = np.maximum(probe.var(axis=(0, 2, 3)), 1e-3)
-        stats = {"weight": self.rng.normal(1.0, 0.1, channels),
-                 "bias": self.rng.normal(0.0, 0.1, channels),
-                 "running_mean": _round_bits(probe.mean(axis=(0, 2, 3))),
-                 "running_var": _round_bits(var)}
-        inputs = [x] + [self.const(f"{name}.{key}", v) for key, v in stats.items()]
-
-        def forward() -> np.ndarray:
-            gamma, beta, mean, var = (self.params[i][:, None, None] for i in inputs[1:])
-            return (self.value(x) - mean) / np.sqrt(var + _BN_EPS) * gamma + beta
-        return self.node("BatchNormalization", inputs, name, forward, epsilon=_BN_EPS)
-
-    def relu(self, x: str, name: str, output: Optional[str] = None) -> str:
-        """ReLU."""
-        return self.node("Relu", [x], name, lambda: np.maximum(self.value(x), 0.0), output)
-
-    def relu6(self, x: str, name: str, output: Optional[str] = None) -> str:
-        """ReLU6 as Clip, whose bounds are inputs (not attributes) since opset 11."""
-        bounds = [self.const(f"{name}.{bound}", np.array(v))
-                  for bound, v in (("min", 0.0), ("max", 6.0))]
-        return self.node("Clip", [x, *bounds], name, lambda: np.clip(self.value(x), 0.0, 6.0),
-                         output)
-
-    def add(self, a: str, b: str, name: str) -> str:
-        """Elementwise sum (a residual connection)."""
-        return self.node("Add", [a, b], name, lambda: self.value(a) + self.value(b))
-
-    def maxpool(self, x: str, name: str, kernel: int, stride: int, pad: int = 0) -> str:
-        """Square max pooling."""
-        return self.node("MaxPool", [x], name,
-                         lambda: _maxpool2d(self.value(x), kernel, stride, pad),
-                         kernel_shape=[kernel, kernel], strides=[stride, stride], pads=[pad] * 4)
-
-    def flatten(self, x: str) -> str:
-        """Flatten to (batch, features)."""
-        return self.node("Flatten", [x], "flatten", axis=1)
-
-    def gemm(self, x: str, name: str, fin: int, fout: int, *, relu_follows: bool = False,
-             output: Optional[str] = None) -> str:
-        """Dense layer ``x @ W.T + b`` with W stored (out, in), as PyTorch exports it."""
-        weight = self.const(f"{name}.weight",
-                            self.he((fout, fin), fin, gain=2.0 if relu_follows else 1.0))
-        bias = self.const(f"{name}.bias", self.bias(fout, fin))
-        return self.node("Gemm", [x, weight, bias], name, output=output, transB=1)
-
-    def classifier(self, x: str, features: int, classes: int) -> str:
-        """GlobalAveragePool, Flatten, Gemm to the logits."""
-        x = self.flatten(self.node("GlobalAveragePool", [x], "avgpool"))
-        return self.gemm(x, "fc", features, classes, output=OUTPUT)
-
-    def model(self, name: str, classes: int) -> onnx.ModelProto:
-        """Wrap the nodes into a ModelProto that passes the full checker."""
-        shape = self.input_shape
-        graph = helper.make_graph(
-            self.nodes, name,
-            [helper.make_tensor_value_info(INPUT, TensorProto.FLOAT, shape)],
-            [helper.make_tensor_value_info(OUTPUT, TensorProto.FLOAT, [shape[0], classes])],
-            self.initializers)
-        model = helper.make_model(graph, producer_name="tessera.zoo",
-                                  opset_imports=[helper.make_opsetid("", OPSET)])
-        model.ir_version = IR_VERSION
-        onnx.checker.check_model(model, full_check=True)
-        return model
-
-
-def _conv_bn(b: _Builder, x: str, prefix: str, conv: str, bn: str, cin: int, cout: int,
+def _conv_bn(b: Builder, x: str, prefix: str, conv: str, bn: str, cin: int, cout: int,
              kernel: int, stride: int = 1, group: int = 1) -> str:
     """Bias-free convolution followed by its BatchNormalization."""
     x = b.conv(x, f"{prefix}{conv}", cin, cout, kernel, stride, group=group)
     return b.bn(x, f"{prefix}{bn}", cout)
 
 
-def _basic_block(b: _Builder, x: str, prefix: str, cin: int, cout: int, stride: int) -> str:
+def _basic_block(b: Builder, x: str, prefix: str, cin: int, cout: int, stride: int) -> str:
     """ResNet basic block; the shortcut is a 1x1 projection + BN when the shape changes."""
     y = b.relu(_conv_bn(b, x, prefix, ".conv1", ".bn1", cin, cout, 3, stride), f"{prefix}.relu1")
     y = _conv_bn(b, y, prefix, ".conv2", ".bn2", cout, cout, 3)
@@ -234,7 +66,7 @@ def _basic_block(b: _Builder, x: str, prefix: str, cin: int, cout: int, stride: 
     return b.relu(y, f"{prefix}.relu2", output=f"{prefix}.out")
 
 
-def _resnet_layers(b: _Builder, x: str, cin: int, widths: Sequence[int],
+def _resnet_layers(b: Builder, x: str, cin: int, widths: Sequence[int],
                    blocks: Sequence[int]) -> str:
     """Stages ``layer1``, ``layer2``, ...; every stage but the first starts with stride 2."""
     for stage, (width, count) in enumerate(zip(widths, blocks)):
@@ -252,7 +84,7 @@ def mlp(seed: int = 0, in_features: int = 784, hidden: Sequence[int] = (256, 128
     One Gemm + Relu per entry of ``hidden`` (``fc1``, ``fc2``, ...), then Gemm ``fc`` to
     ``classes`` logits. The input is already flat, so there is no Flatten.
     """
-    b = _Builder(seed, (batch, in_features))
+    b = Builder(seed, (batch, in_features))
     x, fin = INPUT, in_features
     for i, width in enumerate(hidden, 1):
         x = b.relu(b.gemm(x, f"fc{i}", fin, width, relu_follows=True), f"relu{i}")
@@ -267,7 +99,7 @@ def lenet(seed: int = 0, batch: int = 1) -> onnx.ModelProto:
     Twice (unpadded Conv 5x5 with bias, Relu, MaxPool 2x2): 1->20->50 channels and
     28 -> 24 -> 12 -> 8 -> 4 pixels; then Flatten, Gemm 800->500 + Relu, Gemm 500->10.
     """
-    b = _Builder(seed, (batch, 1, 28, 28))
+    b = Builder(seed, (batch, 1, 28, 28))
     x = INPUT
     for i, (cin, cout) in enumerate(((1, 20), (20, 50)), 1):
         x = b.conv(x, f"conv{i}", cin, cout, 5, pad=0, bias=True)
@@ -287,7 +119,7 @@ def small_resnet(seed: int = 0, width: int = 16, blocks: Sequence[int] = (1, 1, 
     start with a 1x1 stride-2 projection shortcut. Then GlobalAveragePool, Flatten, Gemm.
     The default (1, 1, 1) is a ResNet-8; (3, 3, 3) is He et al.'s ResNet-20.
     """
-    b = _Builder(seed, (batch, 3, image, image))
+    b = Builder(seed, (batch, 3, image, image))
     x = b.relu(_conv_bn(b, INPUT, "", "conv1", "bn1", 3, width, 3), "relu")
     widths = [width * 2**stage for stage in range(len(blocks))]
     x = _resnet_layers(b, x, width, widths, blocks)
@@ -304,7 +136,7 @@ def resnet18(seed: int = 0, image: int = 224, classes: int = 1000,
     layers 2-4), GlobalAveragePool, Flatten, Gemm 512->classes: 11,689,512 parameters
     and 1.8 GMACs at 224x224 with 1000 classes.
     """
-    b = _Builder(seed, (batch, 3, image, image))
+    b = Builder(seed, (batch, 3, image, image))
     x = b.relu(_conv_bn(b, INPUT, "", "conv1", "bn1", 3, 64, 7, 2), "relu")
     x = b.maxpool(x, "maxpool", 3, 2, pad=1)
     x = _resnet_layers(b, x, 64, (64, 128, 256, 512), (2, 2, 2, 2))
@@ -331,7 +163,7 @@ def mobilenet(seed: int = 0, image: int = 96, width: float = 1.0, classes: int =
     ReLU6), five of them stride 2 (32x downsampling in all), then GlobalAveragePool, Flatten,
     Gemm. ``width`` scales every channel count (rounded to multiples of 8).
     """
-    b = _Builder(seed, (batch, 3, image, image))
+    b = Builder(seed, (batch, 3, image, image))
     cin = _scaled(32, width)
     x = b.relu6(_conv_bn(b, INPUT, "", "conv1", "bn1", 3, cin, 3, 2), "relu1")
     for i, (channels, stride) in enumerate(_MOBILENET_BLOCKS):
@@ -345,10 +177,143 @@ def mobilenet(seed: int = 0, image: int = 96, width: float = 1.0, classes: int =
     return b.model("mobilenet", classes)
 
 
+#: The captioning encoder's fused-MBConv blocks: (output channels, stride, expansion).
+_FUSED_BLOCKS = ((16, 1, 1), (24, 2, 4), (24, 1, 4), (40, 2, 4), (40, 1, 4), (40, 1, 4),
+                 (80, 2, 4), (80, 1, 4), (80, 1, 4), (112, 1, 4), (112, 1, 4), (192, 2, 4),
+                 (192, 1, 4))
+
+
+def _fused_mbconv_encoder(b: Builder, width: float, head: int) -> tuple[str, int]:
+    """Stem conv 3x3/2 (32) + BN + Relu, then the :data:`_FUSED_BLOCKS` ``blocks.i``
+    (``expand``: conv 3x3 with the block's stride to ``expansion x`` the input channels +
+    BN + Relu; ``project``: conv 1x1 + BN; a residual Add when the shape is kept), then
+    ``head`` conv 1x1 + BN + Relu; returns the head's output and channels."""
+    cin = _scaled(32, width)
+    x = b.relu(_conv_bn(b, INPUT, "", "conv1", "bn1", 3, cin, 3, 2), "relu1")
+    for i, (channels, stride, expansion) in enumerate(_FUSED_BLOCKS):
+        p, cout, mid = f"blocks.{i}", _scaled(channels, width), cin * expansion
+        y = b.relu(_conv_bn(b, x, p, ".expand", ".expand_bn", cin, mid, 3, stride),
+                   f"{p}.expand_relu")
+        y = _conv_bn(b, y, p, ".project", ".project_bn", mid, cout, 1)
+        residual = stride == 1 and cin == cout
+        x, cin = (b.add(y, x, f"{p}.add", output=f"{p}.out") if residual else y), cout
+    head = _scaled(head, width)
+    return b.relu(_conv_bn(b, x, "", "head", "head_bn", cin, head, 1), "head_relu"), head
+
+
+def _lstm_step(b: Builder, x: str, fin: int, hidden: int, state: tuple[str, str],
+               state_out: tuple[str, str]) -> None:
+    """One ONNX LSTM (forward, seq_len of ``x``) named ``lstm``, PyTorch's init
+    (uniform +-1/sqrt(hidden)) for W (1, 4H, fin), R (1, 4H, H) and B (1, 8H); initial
+    (h, c) from ``state``, final (Y_h, Y_c) into ``state_out``; Y is not produced."""
+    bound = 1.0 / np.sqrt(hidden)
+    w, r, bias = (b.const(f"lstm.{key}", b.rng.uniform(-bound, bound, shape))
+                  for key, shape in (("W", (1, 4 * hidden, fin)),
+                                     ("R", (1, 4 * hidden, hidden)), ("B", (1, 8 * hidden))))
+    b.nodes.append(helper.make_node("LSTM", [x, w, r, bias, "", *state], ["", *state_out],
+                                    name="lstm", hidden_size=hidden))
+
+
+def captioning(seed: int = 0, image: int = 224, width: float = 1.0, head: int = 512,
+               embed: int = 256, hidden: int = 256, vocab: int = 1000,
+               batch: int = 1) -> onnx.ModelProto:
+    """One video frame of a captioning model (the IIS seed's workload): a CNN encoder,
+    then one step of an LSTM decoder whose state comes from the previous frame.
+
+    The encoder on ``input`` ``(batch, 3, image, image)`` is MobileNet-like, but of
+    fused-MBConv blocks (EfficientNet-EdgeTPU's, for accelerators that run depthwise
+    convolutions slowly, as ours does at 1/16 efficiency): dense 3x3 and 1x1
+    convolutions only (:func:`_fused_mbconv_encoder`; ``width`` scales the channels).
+    Then GlobalAveragePool, Flatten, Gemm ``embed`` to ``embed`` features, Unsqueeze to
+    a sequence of one step, and LSTM ``lstm`` (``hidden`` units) from the state inputs
+    ``h`` and ``c`` ``(1, batch, hidden)``; its Y_h and Y_c are the outputs ``h_out`` and
+    ``c_out``, and Y_h squeezed through Gemm ``fc`` gives the ``vocab`` word scores
+    ``logits``. The metadata records ``{"h": "h_out", "c": "c_out"}`` under
+    :data:`RECURRENT_STATE`. At the defaults (ImageNet's 224 pixels): 727 MMACs, the
+    decoder's (LSTM and word scores) 0.78 M of them, so that the encoder of one frame
+    outlasts the decoder step of the frame before (on the accelerator and a PYNQ board's
+    CPU), as in the IIS seed's pipeline.
+    Images below 96 pixels leave the last blocks too few pixels to measure their
+    BatchNormalization statistics on, and the activations blow up.
+    """
+    b = Builder(seed, (batch, 3, image, image))
+    x, channels = _fused_mbconv_encoder(b, width, head)
+    x = b.flatten(b.node("GlobalAveragePool", [x], "avgpool"))
+    x = b.gemm(x, "embed", channels, embed)
+    axes = b.int64("axes", [0])
+    x = b.node("Unsqueeze", [x, axes], "embed.unsqueeze")
+    _lstm_step(b, x, embed, hidden, ("h", "c"), ("h_out", "c_out"))
+    x = b.node("Squeeze", ["h_out", axes], "lstm.squeeze")
+    b.gemm(x, "fc", hidden, vocab, output=OUTPUT)
+    state = [(i, o, (1, batch, hidden)) for i, o in (("h", "h_out"), ("c", "c_out"))]
+    return b.model("captioning", vocab, state=state)
+
+
+#: GoogLeNet's inception blocks by stage (torchvision's names and widths): 1x1, 3x3
+#: reduce, 3x3, 5x5 reduce, 5x5, pool projection.
+_GOOGLENET_STAGES = (
+    (("3a", (64, 96, 128, 16, 32, 32)), ("3b", (128, 128, 192, 32, 96, 64))),
+    (("4a", (192, 96, 208, 16, 48, 64)), ("4b", (160, 112, 224, 24, 64, 64)),
+     ("4c", (128, 128, 256, 24, 64, 64)), ("4d", (112, 144, 288, 32, 64, 64)),
+     ("4e", (256, 160, 320, 32, 128, 128))),
+    (("5a", (256, 160, 320, 32, 128, 128)), ("5b", (384, 192, 384, 48, 128, 128))),
+)
+
+
+def _basic_conv(b: Builder, x: str, name: str, cin: int, cout: int, kernel: int,
+                stride: int = 1) -> str:
+    """torchvision's BasicConv2d: ``<name>.conv`` (no bias) + ``<name>.bn`` + Relu."""
+    return b.relu(_conv_bn(b, x, name, ".conv", ".bn", cin, cout, kernel, stride),
+                  f"{name}.relu")
+
+
+def _inception_block(b: Builder, x: str, name: str, cin: int,
+                     widths: Sequence[int]) -> tuple[str, int]:
+    """Four branches concatenated along the channels into ``<name>.out``: 1x1; 1x1 -> 3x3;
+    1x1 -> 5x5 (GoogLeNet's paper; torchvision has a 3x3 there); MaxPool 3x3/1 -> 1x1."""
+    c1, r3, c3, r5, c5, pool = widths
+    p = f"{name}.branch"
+    one = _basic_conv(b, x, f"{p}1", cin, c1, 1)
+    three = _basic_conv(b, _basic_conv(b, x, f"{p}2.0", cin, r3, 1), f"{p}2.1", r3, c3, 3)
+    five = _basic_conv(b, _basic_conv(b, x, f"{p}3.0", cin, r5, 1), f"{p}3.1", r5, c5, 5)
+    pooled = _basic_conv(b, b.maxpool(x, f"{p}4.0", 3, 1, pad=1), f"{p}4.1", cin, pool, 1)
+    return b.concat([one, three, five, pooled], f"{name}.concat", f"{name}.out"), \
+        c1 + c3 + c5 + pool
+
+
+def inception(seed: int = 0, image: int = 96, width: float = 1.0,
+              stages: Sequence[int] = (2, 2, 1), classes: int = 100,
+              batch: int = 1) -> onnx.ModelProto:
+    """GoogLeNet (Inception v1) on ``(batch, 3, image, image)`` with torchvision's names.
+
+    Stem ``conv1`` 7x7/2, ``maxpool1`` 3x3/2, ``conv2`` 1x1, ``conv3`` 3x3, ``maxpool2``
+    3x3/2 (each conv a :func:`_basic_conv`; torchvision's ceil_mode pools as padding 1,
+    the same sizes on even inputs), then the first ``stages[k]`` inception blocks of
+    GoogLeNet's stages 3, 4 and 5 (``inception3a``, ...; :func:`_inception_block`) with
+    ``maxpool3``/``maxpool4`` 3x3/2 between stages, GlobalAveragePool, Flatten, Gemm
+    ``fc``. ``width`` scales every channel count (rounded to multiples of 8); ``stages``
+    (2, 5, 2) is the whole GoogLeNet. At the defaults: 205 MMACs; as for
+    :func:`captioning`, ``image`` should be at least 96.
+    """
+    b = Builder(seed, (batch, 3, image, image))
+    c1, c2, c3 = (_scaled(c, width) for c in (64, 64, 192))
+    x = b.maxpool(_basic_conv(b, INPUT, "conv1", 3, c1, 7, 2), "maxpool1", 3, 2, pad=1)
+    x = _basic_conv(b, _basic_conv(b, x, "conv2", c1, c2, 1), "conv3", c2, c3, 3)
+    x, cin = b.maxpool(x, "maxpool2", 3, 2, pad=1), c3
+    for stage, (blocks, count) in enumerate(zip(_GOOGLENET_STAGES, stages)):
+        if stage:
+            x = b.maxpool(x, f"maxpool{stage + 2}", 3, 2, pad=1)
+        for name, widths in blocks[:count]:
+            x, cin = _inception_block(b, x, f"inception{name}", cin,
+                                      [_scaled(c, width) for c in widths])
+    b.classifier(x, cin, classes)
+    return b.model("inception", classes)
+
+
 #: Every zoo model by name; each takes ``seed`` and ``batch`` keywords.
 ZOO: dict[str, Callable[..., onnx.ModelProto]] = {
     "mlp": mlp, "lenet": lenet, "small_resnet": small_resnet, "resnet18": resnet18,
-    "mobilenet": mobilenet,
+    "mobilenet": mobilenet, "captioning": captioning, "inception": inception,
 }
 
 
@@ -367,13 +332,46 @@ def calibration_data(model: onnx.ModelProto, n: int = 8, seed: int = 0,
     maps pixels to about [-2.1, 2.6]) and what the He-initialised weights are scaled for.
     ``input_shapes`` (``{name: shape}``) gives the shape of inputs with dynamic dims, as
     for :func:`tessera.compile`; :class:`CompileError` names an input whose shape is still
-    not static, or that is not float.
+    not static, or that is not float. Recurrent state inputs (:func:`recurrent_state`)
+    get the tanh of the draws instead: the range of an LSTM's h (its c is of that scale).
     """
     rng = np.random.default_rng(seed)
     types = _random_input_types(model, dict(input_shapes or {}))
-    # float32 draws for every float dtype: the zoo's samples stay what they always were
-    return [{name: rng.standard_normal(shape, dtype=np.float32).astype(dtype, copy=False)
-             for name, (shape, dtype) in types.items()} for _ in range(n)]
+    state = recurrent_state(model)
+
+    def draw(name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        # float32 draws for every float dtype: the zoo's samples stay what they always were
+        x = rng.standard_normal(shape, dtype=np.float32)
+        return (np.tanh(x) if name in state else x).astype(dtype, copy=False)
+    return [{name: draw(name, shape, dtype) for name, (shape, dtype) in types.items()}
+            for _ in range(n)]
+
+
+def recurrent_state(model: onnx.ModelProto) -> dict[str, str]:
+    """``{state input: output carried to the next run}`` from the model's
+    :data:`RECURRENT_STATE` metadata; empty for a model without one.
+    :class:`CompileError` if the entry is not such a JSON object over the model's inputs
+    and outputs."""
+    entry = next((p.value for p in model.metadata_props if p.key == RECURRENT_STATE), None)
+    if entry is None:
+        return {}
+    try:
+        state = json.loads(entry)
+    except json.JSONDecodeError:
+        state = None
+    inputs = {v.name for v in model.graph.input}
+    outputs = {v.name for v in model.graph.output}
+    if not (isinstance(state, dict) and all(
+            i in inputs and isinstance(o, str) and o in outputs for i, o in state.items())):
+        example = json.dumps({"h": "h_out"})
+        raise CompileError(
+            f"model {model.graph.name!r} has metadata {RECURRENT_STATE}={entry!r}, which is "
+            "not a JSON object mapping state inputs to the outputs carried to the next run "
+            f"(inputs {sorted(inputs)}, outputs {sorted(outputs)})",
+            fix={PYTHON: "set it with onnx.helper.set_model_props(model, "
+                         f"{{{RECURRENT_STATE!r}: {example!r}}}) or remove it",
+                 CLI: f"correct or remove the model's metadata_props entry {RECURRENT_STATE}"})
+    return state
 
 
 def _random_input_types(model: onnx.ModelProto, given: dict[str, Sequence[int]]
@@ -421,15 +419,25 @@ def parameter_count(model: onnx.ModelProto) -> int:
 
 
 def mac_count(model: onnx.ModelProto) -> int:
-    """Multiply-accumulates of one forward pass: its Conv and (``transB=1``) Gemm nodes."""
+    """Multiply-accumulates of one forward pass: its Conv, (``transB=1``) Gemm and LSTM
+    nodes (an LSTM's gate matrix products, not its elementwise gate arithmetic)."""
     inferred = onnx.shape_inference.infer_shapes(model)
     shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
-              for v in [*inferred.graph.value_info, *inferred.graph.output]}
+              for v in [*inferred.graph.value_info, *inferred.graph.input,
+                        *inferred.graph.output]}
     weights = {t.name: list(t.dims) for t in model.graph.initializer}
-    # Each output element sums the product of a weight row: (in channels / group) x
-    # kernel for a Conv weight (out, in / group, kh, kw), in features for a Gemm's (out, in).
-    return sum(int(np.prod(shapes[node.output[0]])) * int(np.prod(weights[node.input[1]][1:]))
-               for node in model.graph.node if node.op_type in ("Conv", "Gemm"))
+    total = 0
+    for node in model.graph.node:
+        if node.op_type in ("Conv", "Gemm"):
+            # Each output element sums the product of a weight row: (in channels / group)
+            # x kernel for a Conv weight (out, in / group, kh, kw), in features for a
+            # Gemm's (out, in).
+            total += int(np.prod(shapes[node.output[0]])) * int(np.prod(weights[node.input[1]][1:]))
+        elif node.op_type == "LSTM":
+            # Per step and batch row, W (D, 4H, I) and R (D, 4H, H) each times a vector.
+            steps, rows = shapes[node.input[0]][:2]
+            total += steps * rows * sum(int(np.prod(weights[node.input[i]])) for i in (1, 2))
+    return total
 
 
 def to_qdq(model: onnx.ModelProto, calibration: Sequence[dict[str, np.ndarray]],
@@ -441,7 +449,13 @@ def to_qdq(model: onnx.ModelProto, calibration: Sequence[dict[str, np.ndarray]],
     ``symmetric_activations``, int8
     weights symmetric and per output channel unless ``per_channel`` is False, int32
     biases). Run the result with the session config entry ``session.qdqisint8allowed = 1``
-    so onnxruntime's int8 kernels (not float fallbacks) run.
+    so onnxruntime's int8 kernels (not float fallbacks) run. ``model``'s metadata_props
+    (e.g. :data:`RECURRENT_STATE`) are kept.
     """
-    return quantize_static(model, calibration, per_channel=per_channel,
-                           symmetric_activations=symmetric_activations)
+    qdq = quantize_static(model, calibration, per_channel=per_channel,
+                          symmetric_activations=symmetric_activations)
+    # The recurrent state must reach the compiler; onnxruntime 1.31's quantizer keeps the
+    # metadata_props, but nothing in its API promises to, so they are carried over here.
+    helper.set_model_props(qdq, {**{p.key: p.value for p in model.metadata_props},
+                                 **{p.key: p.value for p in qdq.metadata_props}})
+    return qdq

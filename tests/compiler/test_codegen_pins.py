@@ -26,20 +26,22 @@ from tessera.compiler import zoo
 
 #: (model, config) -> (digest of the QDQ model compiled, digest of the compiled model).
 PINS: dict[tuple[str, str], tuple[str, str]] = {
-    ('mlp', 'pynq'): ('794177fb30c565f4b5dff15e3f981228ff1fb05963435bed19b9e1b6379f3f2d', '248c26212c3275b3fdb45da50cb9522a00b7c87dd8e3c3b7b6e9877cbd4efe52'),
-    ('lenet', 'pynq'): ('cbc79b95e331fb8aa4f36e5907f1052f99ce9dfbb212fd6408ad8cf30c15096a', '79d600971387340336428f587d780a1a8d04f377852ab16ef4e6199201d6f270'),
-    ('small_resnet', 'pynq'): ('ab6c77075349f2204d8030652b1c7f831457d71fefaf48827624ae66b9c68ec1', '994125c9801fb66e0359b9cdad1d91f848fad6e4b848fc36e4fd81e705767e01'),
-    ('mobilenet', 'pynq'): ('30279c9d6c8d0a1b16a2be032ddb6b36b2754229a4caec2597670c0c428e32db', '05d862061fb565be816e479e021b84c26da4865dbf5994a899dff9dae5aa0bac'),
-    ('resnet18', 'pynq'): ('9bd857259fb169003c58b916ae1674485002a005564f140f2c225c1500aa9846', '989641b69c090238efaebb83b5706398526e42f2284cd605c65a40a120f28181'),
-    ('mlp', 'tiny'): ('794177fb30c565f4b5dff15e3f981228ff1fb05963435bed19b9e1b6379f3f2d', 'afe7d4cec3160bde4d73f0f9eead8f6101578e9df7dff12de9e371a18961b1db'),
-    ('lenet', 'tiny'): ('cbc79b95e331fb8aa4f36e5907f1052f99ce9dfbb212fd6408ad8cf30c15096a', '8f14d21a455ae4b8d1a4e3fbfbf5db701b6df019d6e46b57ed0cbfd6cdd31aef'),
-    ('small_resnet', 'tiny'): ('ab6c77075349f2204d8030652b1c7f831457d71fefaf48827624ae66b9c68ec1', '28a6361fdbe8a074688671e5291ffb62acd62c3ea2b48ccb27f2bc6344af74d9'),
-    ('small_resnet', 'zcu104'): ('ab6c77075349f2204d8030652b1c7f831457d71fefaf48827624ae66b9c68ec1', 'ed80416b95b3aeb920efa1a366186028e994131bc8d0bf6e02ef9bf9e30aef50'),
+    ('mlp', 'pynq'): ('794177fb30c565f4b5dff15e3f981228ff1fb05963435bed19b9e1b6379f3f2d', '1f6658aedb02dbd90416b980d7daac6b79780f75129390966443a4e72a5ee781'),
+    ('lenet', 'pynq'): ('cbc79b95e331fb8aa4f36e5907f1052f99ce9dfbb212fd6408ad8cf30c15096a', 'fe74f77f81800eac5f8506714c4d278051cb70bef147f45d1f46d072eeae4737'),
+    ('small_resnet', 'pynq'): ('ab6c77075349f2204d8030652b1c7f831457d71fefaf48827624ae66b9c68ec1', '78574eba94adf83e8d84266957aed86e45cac5e7286086cb8159adaa07a8aee9'),
+    ('mobilenet', 'pynq'): ('30279c9d6c8d0a1b16a2be032ddb6b36b2754229a4caec2597670c0c428e32db', 'd5784745bb098700544315b1044a0a6adcaf0b18a9df3b10c7a3cd8d84edcaed'),
+    ('resnet18', 'pynq'): ('9bd857259fb169003c58b916ae1674485002a005564f140f2c225c1500aa9846', '354abaf1f4a95a9a3b668538d744f56357ca1cbf798f2ac6ef84db24315c83a7'),
+    ('mlp', 'tiny'): ('794177fb30c565f4b5dff15e3f981228ff1fb05963435bed19b9e1b6379f3f2d', '0ea6091e5da0423600642e4624b415b76f4813a5fa71d413da83614976b4aad3'),
+    ('lenet', 'tiny'): ('cbc79b95e331fb8aa4f36e5907f1052f99ce9dfbb212fd6408ad8cf30c15096a', 'a751b2b184941a594b2bbededfbd933cc7827a7c3e93b055a300fbcd3ca3e44d'),
+    ('small_resnet', 'tiny'): ('ab6c77075349f2204d8030652b1c7f831457d71fefaf48827624ae66b9c68ec1', '9c324b5d87b00215c66ba7324400e7860c2371b855fae3967f5a3ad032480b2a'),
+    ('small_resnet', 'zcu104'): ('ab6c77075349f2204d8030652b1c7f831457d71fefaf48827624ae66b9c68ec1', 'c959c06184568e9a639b9d7a6cf5fb0669784fc9925a3bf5d488c280545f0f16'),
+    ('captioning', 'pynq'): ('b80da74d121ccb6c3fefb10057b582a20dd5638b478361837633ef036ab8350f', 'dfafdc54bbbeadeae4dfc338909680d7ee965eab669b6ce5939964cddb9a8f8f'),
+    ('inception', 'pynq'): ('7c39f3990135144954ad7c6baa2dbb531e616bb0513b8ad68f5a1edc13db6dc3', '212cbcd1fd6dbab584968f97b706f3b48a7eec3d32c52729bda3c853785c78ce'),
 }
 
 CASES = [("mlp", "pynq"), ("lenet", "pynq"), ("small_resnet", "pynq"), ("mobilenet", "pynq"),
          ("resnet18", "pynq"), ("mlp", "tiny"), ("lenet", "tiny"), ("small_resnet", "tiny"),
-         ("small_resnet", "zcu104")]
+         ("small_resnet", "zcu104"), ("captioning", "pynq"), ("inception", "pynq")]
 
 
 def quantized_digest(reference) -> str:

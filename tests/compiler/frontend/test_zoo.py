@@ -18,6 +18,8 @@ SIZES = {
     "small_resnet": (10, 78_042, 12_501_632),
     "resnet18": (1000, 11_689_512, 1_814_073_344),
     "mobilenet": (100, 3_309_476, 104_376_832),
+    "captioning": (1000, 4_582_424, 727_459_840),
+    "inception": (100, 2_448_244, 204_613_888),
 }
 CONV_NETS = ("small_resnet", "resnet18", "mobilenet")
 
