@@ -238,7 +238,7 @@ def main() -> int:
         results.append(measure(name, host, args.frames))
         print(f"{name}: {time.perf_counter() - started:.0f} s", file=sys.stderr)
     if args.timeline:
-        results[0].profiles["stream"].write_board_timeline(args.timeline)
+        results[0].profiles["stream"].write_board_timeline(args.timeline, width=1800)
     print(f"Projected on host model {host.name!r} ({host.cpu}), config {CONFIG!r}; "
           f"{args.frames} frames streamed. Targets: DP <= greedy; parallel >= "
           f"{PARALLEL_TARGET}x on the branchy CNN; pipelined fps >= {IIS_PIPELINE_SPEEDUP}x "

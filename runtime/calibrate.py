@@ -20,6 +20,7 @@ import os
 import platform
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, Sequence
 
 import numpy as np
@@ -61,24 +62,20 @@ def _conv_size(n: int) -> tuple[int, int]:
     return 4 * 2 ** n, 6 + 4 * n
 
 
-def _gemm_int8(n: int) -> list[Representative]:
+def _gemm(kind: str, dtype: str, build_conv, build_mm, n: int) -> list[Representative]:
+    """A 3x3 convolution and a matrix product of size index ``n`` in ``dtype``."""
     c, hw = _conv_size(n)
-    x, w = TensorSpec((1, c, hw, hw), "int8"), TensorSpec((c, c, 3, 3), "int8")
-    conv = build_conv_int8(x, w, pads=(1, 1, 1, 1))
+    x, w = TensorSpec((1, c, hw, hw), dtype), TensorSpec((c, c, 3, 3), dtype)
+    conv = build_conv(x, w, pads=(1, 1, 1, 1))
     m, k = 4 + 12 * n, 32 * (n + 1)
-    mm = build_matmul_int8(TensorSpec((m, k), "int8"), TensorSpec((k, k), "int8"))
-    return [_rep("gemm_int8", f"conv3x3 int8 {c}x{hw}x{hw}", conv, c * hw * hw * c * 9),
-            _rep("gemm_int8", f"matmul int8 {m}x{k}x{k}", mm, m * k * k)]
+    mm = build_mm(TensorSpec((m, k), dtype), TensorSpec((k, k), dtype))
+    short = "int8" if dtype == "int8" else "f32"
+    return [_rep(kind, f"conv3x3 {short} {c}x{hw}x{hw}", conv, c * hw * hw * c * 9),
+            _rep(kind, f"matmul {short} {m}x{k}x{k}", mm, m * k * k)]
 
 
-def _gemm_float(n: int) -> list[Representative]:
-    c, hw = _conv_size(n)
-    x, w = TensorSpec((1, c, hw, hw), "float32"), TensorSpec((c, c, 3, 3), "float32")
-    conv = build_conv_float(x, w, pads=(1, 1, 1, 1))
-    m, k = 4 + 12 * n, 32 * (n + 1)
-    mm = build_matmul(TensorSpec((m, k), "float32"), TensorSpec((k, k), "float32"))
-    return [_rep("gemm_float", f"conv3x3 f32 {c}x{hw}x{hw}", conv, c * hw * hw * c * 9),
-            _rep("gemm_float", f"matmul f32 {m}x{k}x{k}", mm, m * k * k)]
+_gemm_int8 = partial(_gemm, "gemm_int8", "int8", build_conv_int8, build_matmul_int8)
+_gemm_float = partial(_gemm, "gemm_float", "float32", build_conv_float, build_matmul)
 
 
 def _pool(n: int) -> list[Representative]:

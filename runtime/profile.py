@@ -136,16 +136,17 @@ class Profile:
                                 "Model.run or Model.stream)")
         return self.board
 
-    def write_board_timeline(self, path: str | Path) -> Path:
+    def write_board_timeline(self, path: str | Path, *, width: int | None = None) -> Path:
         """A PNG of the run projected onto the board: a lane per CPU core and the
-        accelerator, CPU ops, segments and transfers, frames shaded apart."""
+        accelerator, CPU ops, segments and transfers, frames shaded apart (``width`` in
+        pixels; None sizes it to the tasks)."""
         from .schedule_timeline import render_schedule_png
         b = self._board()
         mode = "parallel" if b.parallel else "sequential"
         title = (f"{self.config.name} on {b.cpu} ({b.host}), {mode}: "
                  f"{b.latency_seconds * 1e3:.3f} ms" + (f", {b.frames} frames"
                                                         if b.frames > 1 else ""))
-        return render_schedule_png(b.schedule, path, title=title, cores=b.cores)
+        return render_schedule_png(b.schedule, path, title=title, cores=b.cores, width=width)
 
     def write_board_perfetto(self, path: str | Path) -> Path:
         """The board schedule as a Perfetto / Chrome trace (JSON)."""

@@ -182,3 +182,12 @@ def test_units_run_after_their_dependencies_on_a_pool() -> None:
     assert [r.result for r in runs] == [0, 10, 20, 30]
     assert order[0] == 0 and order[-1] == 3
     assert runs[1].lane == ACCELERATOR and runs[2].lane.startswith("CPU")
+
+
+def test_a_tensor_with_two_writers_is_refused(model) -> None:
+    from dataclasses import replace
+    steps = model.compiled.steps
+    cpu = [k for k, s in enumerate(steps) if not hasattr(s, "program")]
+    twice = replace(model.compiled, steps=[*steps, steps[cpu[0]]])
+    with pytest.raises(RunError, match="is written by steps"):
+        producers(twice)
