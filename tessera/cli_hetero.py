@@ -8,6 +8,7 @@ the model commands' helpers are imported from it when a command runs.
 from __future__ import annotations
 
 import argparse
+import time
 from typing import Any
 
 from .errors import TesseraError
@@ -105,12 +106,17 @@ def _cmd_calibrate_host(args: argparse.Namespace) -> int:
     from .hostmodel import local_host_path
     from .runtime.calibrate import calibrate_host, describe
 
-    def report(stage: str, done: int, total: int) -> None:
-        print(f"  {stage} ({done}/{total})", flush=True)
+    started = time.perf_counter()
 
+    def report(line: str) -> None:
+        print(f"  [{time.perf_counter() - started:5.1f} s] {line}", flush=True)
+
+    print("measuring this machine's CPU kernels, copies and launches"
+          + (" (quick)" if args.quick else " (a minute or two; --quick for seconds)"),
+          flush=True)
     model = calibrate_host(quick=args.quick, backend=args.backend, progress=report)
     path = model.save(args.output or local_host_path())
     print(describe(model))
-    print(f"wrote {path} (use it with --host local" +
-          ("" if args.output is None else f" or --host {path}") + ")")
+    print(f"wrote {path} (use it with --host " + ("local" if args.output is None
+                                                  else str(path)) + ")")
     return 0

@@ -55,3 +55,14 @@ def test_a_bad_host_is_an_error_naming_the_flag(model_file, capsys) -> None:
                  "--host", "pentium"]) == 2
     err = capsys.readouterr().err
     assert "unknown host model 'pentium'" in err and "--host" in err
+
+
+def test_calibrate_host_writes_a_model_the_host_flag_reads(model_file, tmp_path,
+                                                             capsys) -> None:
+    path = tmp_path / "host.json"
+    assert main(["calibrate-host", "--quick", "-o", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"wrote {path}" in out and "gemm_int8" in out
+    assert main(["profile", str(model_file), "--config", "tiny", "--random-calibration", "2",
+                 "--host", str(path)]) == 0
+    assert "host model" in capsys.readouterr().out
