@@ -36,7 +36,7 @@ import numpy as np
 
 from tessera.config import HwConfig, get_config
 from tessera.errors import CLI, PYTHON, CompileError, ProgramFileError
-from tessera.hostmodel import get_host_model
+from tessera.hostmodel import HostModel, get_host_model
 from tessera.modelfile import ModelFile
 
 from .accel.build import CompiledProgram, compile_ops
@@ -130,6 +130,8 @@ class CompiledModel:
     #: Recurrent state: input name -> the output carried into it from one run (frame) to
     #: the next (the ONNX metadata ``tessera.recurrent_state``; ``Model.stream`` uses it).
     state: dict[str, str] = field(default_factory=dict)
+    #: The board CPU's cost model the placement assumed (runs project onto it by default).
+    host: HostModel | None = None
 
     # ------------------------------------------------------------------ queries
     @property
@@ -169,6 +171,7 @@ class CompiledModel:
             "steps": steps, "placements": [p.to_dict() for p in self.placements],
             "compile_seconds": self.compile_seconds, "stats": self.stats,
             "state": self.state,
+            "host": None if self.host is None else self.host.to_dict(),
         }
         return mf
 
@@ -207,7 +210,9 @@ class CompiledModel:
                        [TensorSig.from_dict(t) for t in m["outputs"]], steps,
                        [Placement.from_dict(p) for p in m["placements"]], m.get("source", ""),
                        m.get("compile_seconds", 0.0), m.get("stats", {}),
-                       state=dict(m.get("state", {})))
+                       state=dict(m.get("state", {})),
+                       host=None if m.get("host") is None
+                       else HostModel.from_dict(m["host"], f"{source}'s host model"))
         except ProgramFileError:
             raise
         except (KeyError, TypeError, ValueError) as exc:
@@ -266,7 +271,7 @@ def compile_model(model: Any, config: HwConfig | str | None = None, *,
                              _signatures(graph, graph.outputs), steps, placements, graph.name,
                              time.perf_counter() - t0,
                              {"nodes": counts, "segments": len(runs)}, reference,
-                             recurrent_state(graph))
+                             recurrent_state(graph), hostmodel)
     report("done", 1, 1)
     return compiled
 

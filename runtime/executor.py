@@ -120,10 +120,10 @@ class Model:
         running accelerator segment; outputs are bit-identical to a sequential run).
         ``host`` is the board CPU the profile projects the latency for (its
         :class:`~tessera.hostmodel.HostModel`, a built-in's name, ``"local"`` or a file;
-        the config's board by default).
+        by default the one the model was placed for).
         """
         dev = self._open(backend, device)
-        hostmodel = get_host_model(host, self.config.name)
+        hostmodel = self._host(host)
         env = self._checked_inputs(inputs)
         profile = Profile(dev.backend, self.config)
         started = time.perf_counter()
@@ -156,7 +156,7 @@ class Model:
         projected for ``host``'s board and measured here.
         """
         dev = self._open(backend, device)
-        hostmodel = get_host_model(host, self.config.name)
+        hostmodel = self._host(host)
         state = self._checked_state(self.compiled.state if state is None else state)
         envs = self._frame_envs(frames, state)
         units = frame_units(self.compiled, len(envs), state)
@@ -210,6 +210,12 @@ class Model:
         steps = self.compiled.steps
         return [ScheduledTask(steps[u.step].name, r.lane, r.start, r.end, _kind(steps[u.step]),
                               u.frame) for u, r in zip(units, runs)]
+
+    def _host(self, host: HostModel | str | None) -> HostModel:
+        """The host model a run projects onto: ``host``, else the one the model was
+        placed for, else the config's board's."""
+        return get_host_model(host if host is not None else self.compiled.host,
+                              self.config.name)
 
     def _open(self, backend: str, device: Device | None) -> Device:
         if device is not None and not isinstance(device, Device):
