@@ -125,18 +125,7 @@ class Model:
         dev = self._open(backend, device)
         hostmodel = self._host(host)
         env = self._checked_inputs(inputs)
-        profile = Profile(dev.backend, self.config)
-        started = time.perf_counter()
-        units = frame_units(self.compiled)
-        runs = self._execute(units, [env], {}, dev, timeout, progress, parallel,
-                             hostmodel.cores)
-        if progress is not None:
-            progress("done", 1, 1)
-        profile.wall_seconds = time.perf_counter() - started
-        self._fill_profile(profile, units, runs)
-        profile.board = project_board(self.compiled, units, hostmodel,
-                                      profile.segment_seconds, parallel)
-        profile.measured = self._measured(units, runs)
+        profile = self._run_frames([env], {}, dev, hostmodel, timeout, progress, parallel)
         return {t.name: env[t.name] for t in self.outputs}, profile
 
     def stream(self, frames: Sequence[Mapping[str, np.ndarray] | np.ndarray], *,
@@ -159,17 +148,31 @@ class Model:
         hostmodel = self._host(host)
         state = self._checked_state(self.compiled.state if state is None else state)
         envs = self._frame_envs(frames, state)
+        profile = self._run_frames(envs, state, dev, hostmodel, timeout, progress, pipelined)
+        return StreamResult([{t.name: env[t.name] for t in self.outputs} for env in envs],
+                            profile)
+
+    def _run_frames(self, envs: list[dict[str, np.ndarray]], state: Mapping[str, str],
+                    dev: Device, hostmodel: HostModel, timeout: float | None,
+                    progress: Progress | None, parallel: bool) -> Profile:
+        """Run every frame's steps (one env per frame, ``state`` carried between them);
+        the profile of the first frame's layers, with the board projection and the
+        measured schedule of them all."""
         units = frame_units(self.compiled, len(envs), state)
         started = time.perf_counter()
-        runs = self._execute(units, envs, state, dev, timeout, progress, pipelined,
+        runs = self._execute(units, envs, state, dev, timeout, progress, parallel,
                              hostmodel.cores)
+        if progress is not None:
+            progress("done", 1, 1)
         profile = Profile(dev.backend, self.config, wall_seconds=time.perf_counter() - started)
         self._fill_profile(profile, units, runs)
         profile.board = project_board(self.compiled, units, hostmodel,
-                                      profile.segment_seconds, pipelined)
-        profile.measured = self._measured(units, runs)
-        outputs = [{t.name: env[t.name] for t in self.outputs} for env in envs]
-        return StreamResult(outputs, profile)
+                                      profile.segment_seconds, parallel)
+        steps = self.compiled.steps
+        profile.measured = [ScheduledTask(steps[u.step].name, r.lane, r.start, r.end,
+                                          _kind(steps[u.step]), u.frame)
+                            for u, r in zip(units, runs)]
+        return profile
 
     def _checked_state(self, state: Mapping[str, str]) -> dict[str, str]:
         """``state`` after checking each pair names an input and an output of one shape
@@ -205,11 +208,6 @@ class Model:
             env = self._checked_inputs({**zeros, **feed})
             envs.append(env if f == 0 else {k: v for k, v in env.items() if k not in zeros})
         return envs
-
-    def _measured(self, units: list[Unit], runs: list[UnitRun]) -> list[ScheduledTask]:
-        steps = self.compiled.steps
-        return [ScheduledTask(steps[u.step].name, r.lane, r.start, r.end, _kind(steps[u.step]),
-                              u.frame) for u, r in zip(units, runs)]
 
     def _host(self, host: HostModel | str | None) -> HostModel:
         """The host model a run projects onto: ``host``, else the one the model was
