@@ -35,8 +35,10 @@ SEGMENTS = {
     # requantization a table, merged into its SiLU's); what cuts it: the Focus stem's
     # Slices and its Concat of 3-channel slices, the neck's Resizes (and the
     # requantization of their outputs, cheaper on the host next to them), the head's
-    # Concats of 4-, 1- and 1-channel outputs (not whole 16-channel blocks), a Transpose.
-    "common_det": 10,
+    # Concats of 4-, 1- and 1-channel outputs (not whole 16-channel blocks), a Transpose;
+    # and, by the DP placement on the Cortex-A9 host model (transfers at ~5.9 ns per byte,
+    # a launch 192 us), two neck Concats the host joins beside their host inputs.
+    "common_det": 12,
 }
 
 #: Words of a placement reason that would say an activation was left on the host.
@@ -67,8 +69,8 @@ def test_no_activation_is_left_on_the_host(compiled_run) -> None:
     for p in host:
         if p.op == LOOKUP_OP and "/requant" in p.node:
             # A Concat input's requantization (no activation) of a tensor the host
-            # computed, left beside it by the placement's cost estimate.
-            assert p.reason.startswith("estimated"), (p.node, p.reason)
+            # computed, left beside it by the placement (a cost decision).
+            assert p.reason.startswith("DP:"), (p.node, p.reason)
             continue
         assert p.op != LOOKUP_OP and p.op not in TABULATED_OPS, (p.node, p.op, p.reason)
         assert not any(w in p.reason for w in _ACTIVATION_REASONS), (p.node, p.reason)
