@@ -86,10 +86,13 @@ _LAUNCH_ACCESSES = 6
 #: 800 MB/s copying a cached DMA buffer with NEON load/store-pair code
 #: (https://github.com/ikwzm/udmabuf/issues/16). A copy moves each byte twice (read and write).
 _A9_MEMCPY, _A53_MEMCPY = 256e6, 800e6
+#: The boards' CPU clocks (the A53's MMIO, launch and dispatch figures are the A9's scaled
+#: by their ratio).
+_A9_HZ, _A53_HZ = 650e6, 1.2e9
 
 FIGURES = {
     "cortex-a9": BoardCpu(
-        "cortex-a9", "2x ARM Cortex-A9 at 650 MHz, NEON (PYNQ-Z1/Z2, Zynq-7020)", 2, 650e6,
+        "cortex-a9", "2x ARM Cortex-A9 at 650 MHz, NEON (PYNQ-Z1/Z2, Zynq-7020)", 2, _A9_HZ,
         "armv7a-unknown-linux-gnueabihf", "cortex-a9", "+neon,+vfp3",
         ("-mtriple=armv7a-unknown-linux-gnueabihf", "-mcpu=cortex-a9", "-mattr=+neon,+vfp3"), "@",
         2 * _A9_MEMCPY, _A9_MEMCPY, 2 * _A9_MEMCPY, _LAUNCH_ACCESSES * _MMIO_A9, _MMIO_A9,
@@ -101,10 +104,10 @@ FIGURES = {
                      "CPU reaches about a quarter of it)"}),
     "cortex-a53": BoardCpu(
         "cortex-a53", "4x ARM Cortex-A53 at 1.2 GHz, NEON (ZCU104, Zynq UltraScale+)", 4,
-        1.2e9, "aarch64-unknown-linux-gnu", "cortex-a53", "+neon",
+        _A53_HZ, "aarch64-unknown-linux-gnu", "cortex-a53", "+neon",
         ("-mtriple=aarch64", "-mcpu=cortex-a53"), "//",
         2 * _A53_MEMCPY, _A53_MEMCPY, 2 * _A53_MEMCPY,
-        _LAUNCH_ACCESSES * _MMIO_A9 * 650e6 / 1.2e9, _MMIO_A9 * 650e6 / 1.2e9,
+        _LAUNCH_ACCESSES * _MMIO_A9 * _A9_HZ / _A53_HZ, _MMIO_A9 * _A9_HZ / _A53_HZ,
         {"memcpy": "https://github.com/ikwzm/udmabuf/issues/16 (Zynq UltraScale+: cached "
                    "DMA-buffer copy 800 MB/s)",
          "mmio": "the PYNQ-Z1 Python MMIO figure (discuss.pynq.io/t/389) scaled by the clock "

@@ -259,12 +259,11 @@ class Model:
         return run_units(units, resource, run_unit, cores=cores, parallel=parallel,
                          before=carry_state)
 
-    def _fill_profile(self, profile: Profile, units: list[Unit], runs: list[UnitRun],
-                      frame: int = 0) -> None:
-        """Add one frame's step results to ``profile``, in step order."""
+    def _fill_profile(self, profile: Profile, units: list[Unit], runs: list[UnitRun]) -> None:
+        """Add the first frame's step results to ``profile``, in step order."""
         places = {p.node: p for p in self.compiled.placements}
         for unit, r in zip(units, runs):
-            if unit.frame != frame:
+            if unit.frame:
                 continue
             step = self.compiled.steps[unit.step]
             if isinstance(step, AccelStep):

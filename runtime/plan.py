@@ -120,6 +120,7 @@ def board_tasks(compiled: CompiledModel, units: Sequence[Unit], host: HostModel,
 
 def _segment_tasks(step: AccelStep, unit: Unit, deps: tuple[int, ...], first: int,
                    host: HostModel, run_seconds: float) -> list[Task]:
+    # A segment's inputs and outputs are int8 images: one byte per element.
     moved_in = sum(int(np.prod(step.shapes[t])) for t in step.inputs)
     moved_out = sum(int(np.prod(step.shapes[t])) for t in step.outputs)
     return [Task(f"{step.name} launch+in", CPU,

@@ -135,11 +135,6 @@ class HostModel:
         the copy and the cache maintenance of those bytes."""
         return nbytes / self.copy_bytes_per_second + nbytes / self.flush_bytes_per_second
 
-    def segment_overhead(self, in_bytes: int, out_bytes: int) -> float:
-        """Host time around one accelerator segment: its launch, its inputs written and
-        its outputs read back."""
-        return self.launch_seconds + self.transfer_seconds(in_bytes + out_bytes)
-
     def scaled(self, factor: float) -> "HostModel":
         """This model with every kernel ``factor`` times as slow (a what-if: a slower or,
         below 1, faster CPU with the same accelerator link)."""

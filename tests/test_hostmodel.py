@@ -31,7 +31,6 @@ def test_model_prices_kernels_launches_and_transfers() -> None:
     work = Work("reduce", ops=5, elements=7, bytes=11)
     assert model.kernel_seconds(work) == pytest.approx(8e-6 + 5e-9 + 14e-9 + 33e-9)
     assert model.transfer_seconds(1000) == pytest.approx(1000 / 1e9 + 1000 / 2e9)
-    assert model.segment_overhead(300, 700) == pytest.approx(1e-4 + model.transfer_seconds(1000))
     with pytest.raises(ConfigError, match="no kernel kind 'bogus'"):
         model.kernel_seconds(Work("bogus"))
 
