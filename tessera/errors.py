@@ -210,5 +210,11 @@ class RunError(TesseraError, ValueError):
     """A compiled model was given inputs it cannot run on (names, shapes, dtypes, values)."""
 
 
+class StructureError(TesseraError, ValueError):
+    """A recursive model's input structure is malformed: a cycle in a tree or DAG, a node
+    with more children than the cell declares, an empty batch, a leaf value that is not an
+    input index. Raised by the linearizer, before anything is launched."""
+
+
 class TimelineError(TesseraError, ValueError):
     """A timeline that cannot be drawn: no trace recorded, a bad span, too narrow an image."""

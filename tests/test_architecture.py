@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Source folder -> the ``tessera`` subpackage it installs as.
 PACKAGES = {"tessera": "tessera", "sim": "tessera.sim", "hw": "tessera.hw",
             "compiler": "tessera.compiler", "runtime": "tessera.runtime",
+            "recursive": "tessera.recursive",
             "bitstreams": "tessera.bitstreams", "plugins": "tessera.plugins"}
 
 #: Layer -> the layers it may import (besides itself). docs/architecture.md states the rule:
@@ -40,6 +41,10 @@ ALLOWED = {
                        "compiler.placement"},
     "runtime": {"core", "sim", "hw.harness", "compiler.accel", "compiler.cpu",
                 "compiler.model", "bitstreams"},
+    # Recursive models (tree, DAG, sequence cells): a vertical of their own above the
+    # runtime -- the cell and linearizer in numpy, templates lowered with the accelerator
+    # backend's emitter, runs through the Device API.
+    "recursive": {"core", "sim", "compiler.accel", "runtime"},
     # Intrinsic plug-ins sit beside the layers they extend and are loaded only through the
     # tessera.intrinsics entry points (or the hook references they register): no layer
     # imports them.
@@ -56,7 +61,8 @@ MAX_MODULE_LINES = 600
 #: Functions (``module:qualname``) allowed past MAX_FUNCTION_LINES, with the reason.
 LONG_FUNCTIONS: dict[str, str] = {}
 MAX_FUNCTION_LINES = 80
-SIZED_FOLDERS = ("compiler", "sim", "runtime", "hw", "bitstreams", "tessera", "plugins")
+SIZED_FOLDERS = ("compiler", "sim", "runtime", "recursive", "hw", "bitstreams", "tessera",
+                 "plugins")
 
 
 def _modules():
@@ -91,8 +97,8 @@ def _imports(path: Path, package: str) -> set[str]:
 def layer(module: str) -> str:
     """The layer of a dotted module name: ``core``, ``sim``, ``compiler.accel``, ..."""
     parts = module.split(".")[1:]
-    if not parts or parts[0] not in ("sim", "hw", "compiler", "runtime", "bitstreams",
-                                     "plugins"):
+    if not parts or parts[0] not in ("sim", "hw", "compiler", "runtime", "recursive",
+                                     "bitstreams", "plugins"):
         return "core"
     if parts[0] == "compiler" and len(parts) > 1:
         sub = parts[1]
