@@ -1,0 +1,128 @@
+"""Running a batch of structures on a device: linearize, instantiate, launch, read back.
+
+Every launch goes through the Device API (the DMA firewall checks each stream before it
+starts) on any backend -- ``sim``, ``rtl``, or ``pynq`` (a board, or the simulated one in
+tests). The programs of one run share their buffers: the first launch writes every
+segment (weights, templates, input matrix, zeroed state arrays), later launches of a
+``"batch"`` or ``"node"`` run only their own instruction stream, so the children's states
+one launch stores stay in device memory for the next (as a framework's would).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from tessera.errors import RunError
+from tessera.isa import Program
+from tessera.runtime import open_device
+from tessera.runtime.device import Device, DeviceBuffer
+from tessera.runtime.firewall import relocate
+
+from .compiled import RecursiveModel
+from .program import Layout
+from .structure import Linearized
+
+
+@dataclass
+class RecursiveResult:
+    """What a run produced."""
+
+    #: Each structure's result: its output node's output state, dequantized ``(S, width)``.
+    outputs: np.ndarray
+    #: Every node's int8 states, ``{state: (N, width)}``.
+    states: dict[str, np.ndarray]
+    lin: Linearized
+    #: Accelerator cycles of each launch.
+    cycles: list[int]
+    #: Host seconds spent before the first launch: ``linearize``, ``instantiate``.
+    host_seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def launches(self) -> int:
+        return len(self.cycles)
+
+
+def _inputs(model: RecursiveModel, lin: Linearized, inputs: np.ndarray | None
+            ) -> np.ndarray | None:
+    """The int8 input matrix of a run (the model's embeddings when none is given)."""
+    matrix = model.embeddings if inputs is None else inputs
+    used = lin.inputs[lin.inputs >= 0]
+    if matrix is None:
+        if used.size:
+            raise RunError(f"{model.cell.name}: the structures' nodes read inputs but no input "
+                           "matrix was given and the model has no embeddings",
+                           fix={"python": "pass inputs=<float matrix, one row per input index>"})
+        return None
+    matrix = np.asarray(matrix, dtype=np.float64)
+    if matrix.ndim != 2 or matrix.shape[1] != model.cell.embed:
+        raise RunError(f"{model.cell.name}: the input matrix has shape {matrix.shape}; each row "
+                       f"must be one node input of width {model.cell.embed}")
+    if used.size and used.max() >= matrix.shape[0]:
+        raise RunError(f"{model.cell.name}: a node reads input row {int(used.max())} but the "
+                       f"input matrix has {matrix.shape[0]} rows")
+    return model.quantized.quantize_inputs(matrix)
+
+
+def prepare(model: RecursiveModel, structures: Sequence[object],
+            inputs: np.ndarray | None = None, launches: str = "tree"
+            ) -> tuple[Linearized, list[Program], Layout, dict[str, float]]:
+    """Linearize and instantiate (all host work before a launch), timed."""
+    t0 = time.perf_counter()
+    lin = model.linearize(structures)
+    t1 = time.perf_counter()
+    programs, layout = model.programs(lin, _inputs(model, lin, inputs), launches)
+    t2 = time.perf_counter()
+    return lin, programs, layout, {"linearize": t1 - t0, "instantiate": t2 - t1}
+
+
+def _launch(device: Device, program: Program, buffers: dict[str, DeviceBuffer]) -> int:
+    """Run ``program`` on buffers already holding its segments; its cycles."""
+    insns = relocate(program, {n: b.address for n, b in buffers.items()})
+    encoded = device.isa.encode_program(insns)
+    stream = device.allocate(len(encoded), "instructions")
+    try:
+        stream.write(encoded)
+        device.launch(stream, len(insns), buffers=list(buffers.values()))
+        return device.wait().cycles
+    finally:
+        stream.free()
+
+
+def read_states(model: RecursiveModel, layout: Layout, lin: Linearized,
+                read) -> dict[str, np.ndarray]:
+    """Every node's int8 states from the state arrays (``read(segment) -> bytes``)."""
+    out = {}
+    for s, e in model.cell.states.items():
+        name = f"state:{s}"
+        rows = np.asarray(read(name)).view(np.int8).reshape(
+            -1, layout.row_elems[name] * model.config.block_out)
+        out[s] = rows[:lin.num_nodes, :e.width].copy()
+    return out
+
+
+def run(model: RecursiveModel, structures: Sequence[object], inputs: np.ndarray | None = None,
+        *, device: Device | None = None, backend: str = "sim", launches: str = "tree"
+        ) -> RecursiveResult:
+    """Run ``structures`` (see :func:`~.structure.linearize` for the forms) on ``device``
+    (default: a new one of ``backend`` for the model's config). ``inputs``: the float
+    matrix whose rows the nodes' input indices select (default the model's embeddings).
+    ``launches``: ``"tree"`` (one program), ``"batch"`` or ``"node"`` (baselines)."""
+    lin, programs, layout, host = prepare(model, structures, inputs, launches)
+    own = device is None
+    dev = open_device(backend, model.config) if own else device
+    try:
+        loaded = dev.load(programs[0])
+        try:
+            cycles = [loaded.run(read=[]).cycles]
+            cycles += [_launch(dev, p, loaded.buffers) for p in programs[1:]]
+            states = read_states(model, layout, lin, lambda n: loaded.buffers[n].read())
+        finally:
+            loaded.free()
+    finally:
+        if own:
+            dev.close()
+    out = model.quantized.dequantize(model.cell.output, states[model.cell.output][lin.roots])
+    return RecursiveResult(out, states, lin, cycles, host)
