@@ -41,6 +41,8 @@ class Expr:
     op: str
     width: int
     args: tuple["Expr", ...] = ()
+    #: Rows per node: 1 for a vector, the row count of a matrix value (MV-RNN).
+    rows: int = 1
     #: ``child``: the state read and the child slot.
     state: str = ""
     slot: int = 0
@@ -67,9 +69,12 @@ class Expr:
 
 
 def _binary(op: str, a: Expr, b: Expr) -> Expr:
-    if a.width != b.width:
-        raise CompileError(f"{op} of {a.label} (width {a.width}) and {b.label} (width "
-                           f"{b.width}): elementwise operands need the same width")
+    if (a.rows, a.width) != (b.rows, b.width):
+        raise CompileError(f"{op} of {a.label} ({a.rows}x{a.width}) and {b.label} "
+                           f"({b.rows}x{b.width}): elementwise operands need the same shape")
+    if a.rows > 1:
+        raise CompileError(f"{op} of matrices {a.label} and {b.label}: elementwise operations "
+                           "take vectors")
     return Expr(op, a.width, (a, b))
 
 
@@ -91,6 +96,38 @@ def child_sum(state: str, width: int, max_children: int) -> Expr:
     return total
 
 
+def child_matrix(state: str, slot: int, size: int) -> Expr:
+    """Matrix state ``state`` (``size x size``) of the node's child in ``slot`` (zero when
+    absent)."""
+    return Expr("child", int(size), rows=int(size), state=state, slot=int(slot))
+
+
+def matvec(m: Expr, x: Expr) -> Expr:
+    """``m @ x``: a per-node matrix (a child's matrix state) times a vector."""
+    if m.rows <= 1 or x.rows != 1 or m.width != x.width:
+        raise CompileError(f"matvec of {m.label} ({m.rows}x{m.width}) and {x.label} "
+                           f"({x.rows}x{x.width}): needs a matrix and a vector of its width")
+    return Expr("matvec", m.rows, (m, x))
+
+
+def left_linear(*terms: tuple[np.ndarray, Expr], bias: np.ndarray) -> Expr:
+    """``sum(W @ M for W, M in terms) + bias`` on per-node matrices ``M`` (MV-RNN's
+    composition); ``bias`` is a matrix of the result's shape."""
+    mats = tuple(np.asarray(w, dtype=np.float64) for w, _ in terms)
+    if not terms or any(m.rows <= 1 for _, m in terms):
+        raise CompileError("left_linear needs (W, matrix) terms")
+    out, cols = mats[0].shape[0], terms[0][1].width
+    for w, (_, m) in zip(mats, terms):
+        if w.shape != (out, m.rows) or m.width != cols:
+            raise CompileError(f"left_linear: weight {w.shape} for {m.label} "
+                               f"({m.rows}x{m.width}); expected ({out}, {m.rows}) and width "
+                               f"{cols}")
+    b = np.asarray(bias, dtype=np.float64)
+    if b.shape != (out, cols):
+        raise CompileError(f"left_linear: bias of shape {b.shape}, expected ({out}, {cols})")
+    return Expr("mlinear", cols, tuple(m for _, m in terms), rows=out, weights=mats, bias=b)
+
+
 def linear(*terms: tuple[np.ndarray, Expr], bias: np.ndarray | None = None) -> Expr:
     """``sum(W @ x for W, x in terms) + bias``; every ``W`` is ``(out, x.width)``."""
     if not terms:
@@ -98,7 +135,7 @@ def linear(*terms: tuple[np.ndarray, Expr], bias: np.ndarray | None = None) -> E
     mats = tuple(np.asarray(w, dtype=np.float64) for w, _ in terms)
     out = mats[0].shape[0]
     for w, (_, x) in zip(mats, terms):
-        if w.ndim != 2 or w.shape != (out, x.width):
+        if w.ndim != 2 or w.shape != (out, x.width) or x.rows != 1:
             raise CompileError(f"linear: weight of shape {w.shape} for {x.label} of width "
                                f"{x.width}; expected ({out}, {x.width})")
     b = np.zeros(out) if bias is None else np.asarray(bias, dtype=np.float64).reshape(-1)
@@ -107,16 +144,22 @@ def linear(*terms: tuple[np.ndarray, Expr], bias: np.ndarray | None = None) -> E
     return Expr("linear", out, tuple(x for _, x in terms), weights=mats, bias=b)
 
 
+def _unary(op: str, x: Expr) -> Expr:
+    if x.rows != 1:
+        raise CompileError(f"{op} of the matrix {x.label}: activations take vectors")
+    return Expr(op, x.width, (x,))
+
+
 def sigmoid(x: Expr) -> Expr:
-    return Expr("sigmoid", x.width, (x,))
+    return _unary("sigmoid", x)
 
 
 def tanh(x: Expr) -> Expr:
-    return Expr("tanh", x.width, (x,))
+    return _unary("tanh", x)
 
 
 def relu(x: Expr) -> Expr:
-    return Expr("relu", x.width, (x,))
+    return _unary("relu", x)
 
 
 def topological(roots: list[Expr]) -> list[Expr]:
@@ -173,9 +216,10 @@ class Cell:
         if e.state not in self.states:
             raise CompileError(f"cell {self.name!r}: {e.label} reads state {e.state!r}, which "
                                f"the cell does not produce (states: {list(self.states)})")
-        if e.width != self.states[e.state].width:
-            raise CompileError(f"cell {self.name!r}: {e.label} has width {e.width} but state "
-                               f"{e.state!r} has width {self.states[e.state].width}")
+        st = self.states[e.state]
+        if (e.rows, e.width) != (st.rows, st.width):
+            raise CompileError(f"cell {self.name!r}: {e.label} is {e.rows}x{e.width} but state "
+                               f"{e.state!r} is {st.rows}x{st.width}")
         if not 0 <= e.slot < self.max_children:
             raise CompileError(f"cell {self.name!r}: {e.label} reads slot {e.slot}; the cell "
                                f"declares at most {self.max_children} children")
@@ -194,10 +238,18 @@ class Cell:
         return self.states[state].width
 
     def macs(self, *, leaf: bool) -> int:
-        """Multiply-accumulates of one node (a leaf reads no child state)."""
-        return sum(w.size for e in self.exprs if e.op == "linear"
-                   for w, a in zip(e.weights, e.args)
-                   if not (leaf and _reads_child(a)))
+        """Multiply-accumulates of one node (a leaf reads no child state: the products
+        with its children's states vanish)."""
+        total = 0
+        for e in self.exprs:
+            live = [w for w, a in zip(e.weights, e.args) if not (leaf and _reads_child(a))]
+            if e.op == "linear":
+                total += sum(w.size for w in live)
+            elif e.op == "mlinear":
+                total += sum(w.size * e.width for w in live)
+            elif e.op == "matvec" and not (leaf and any(_reads_child(a) for a in e.args)):
+                total += e.rows * e.width
+        return total
 
 
 def _reads_child(e: Expr) -> bool:

@@ -69,6 +69,12 @@ class QuantizedCell:
         if e.op == "linear":
             acc = sum(a @ w.astype(np.int64).T for w, a in zip(self.weights[e.uid], args))
             return clip8(requant(acc + self.bias[e.uid], m[0]))
+        if e.op == "mlinear":
+            acc = sum(np.einsum("oi,nic->noc", w.astype(np.int64), a)
+                      for w, a in zip(self.weights[e.uid], args))
+            return clip8(requant(acc + self.bias[e.uid], m[0]))
+        if e.op == "matvec":
+            return clip8(requant(np.einsum("noi,ni->no", args[0], args[1]), m[0]))
         if e.op in ("sigmoid", "tanh"):
             return self.tables[e.uid][args[0] & 0xFF].astype(np.int64)
         if e.op == "relu":
@@ -158,13 +164,13 @@ def quantize_cell(cell: Cell, samples: Sequence[tuple[object, np.ndarray | None]
     for e in cell.exprs:
         s_y = q.scales[e.uid]
         ins = [q.scales[a.uid] for a in e.args]
-        if e.op == "linear":
+        if e.op in ("linear", "mlinear"):
             _quantize_linear(q, e)
         elif e.op in ("sigmoid", "tanh"):
             q.tables[e.uid] = _table(ACTIVATIONS[e.op], ins[0], s_y)
         elif e.op in ("add", "sub"):
             q.multipliers[e.uid] = [f32(ins[0] / s_y), f32(ins[1] / s_y)]
-        elif e.op == "mul":
+        elif e.op in ("mul", "matvec"):
             q.multipliers[e.uid] = [f32(ins[0] * ins[1] / s_y)]
         elif e.op in ("rescale", "relu"):
             q.multipliers[e.uid] = [f32(ins[0] / s_y)]

@@ -44,10 +44,20 @@ def _gather(table: np.ndarray, index: np.ndarray) -> np.ndarray:
     return out
 
 
+def value_shape(e: Expr, nodes: int) -> tuple[int, ...]:
+    """The array of ``e``'s values over ``nodes`` nodes: ``(n, width)``, or
+    ``(n, rows, width)`` for a matrix."""
+    return (nodes, e.width) if e.rows == 1 else (nodes, e.rows, e.width)
+
+
 def float_op(e: Expr, args: list[np.ndarray]) -> np.ndarray:
     """The float meaning of expression ``e`` on its arguments' values."""
     if e.op == "linear":
         return sum(a @ w.T for w, a in zip(e.weights, args)) + e.bias
+    if e.op == "matvec":
+        return np.einsum("noi,ni->no", args[0], args[1])
+    if e.op == "mlinear":
+        return sum(np.einsum("oi,nic->noc", w, m) for w, m in zip(e.weights, args)) + e.bias
     if e.op in ACTIVATIONS:
         return ACTIVATIONS[e.op](args[0])
     if e.op == "add":
@@ -72,7 +82,7 @@ def evaluate(cell: Cell, lin, inputs: np.ndarray | None, op=float_op,
     expression's values per batch (calibration).
     """
     n = lin.num_nodes
-    states = {s: np.zeros((n, e.width), dtype=dtype) for s, e in cell.states.items()}
+    states = {s: np.zeros(value_shape(e, n), dtype=dtype) for s, e in cell.states.items()}
     order = cell.exprs
     for start, end in lin.batches:
         rows = np.arange(start, end)

@@ -20,6 +20,7 @@ import numpy as np
 
 from .cell import Expr
 from .quantize import QuantizedCell
+from .reference import value_shape
 
 
 @dataclass(frozen=True)
@@ -36,11 +37,13 @@ class Variant:
 
 @dataclass(eq=False)
 class Value:
-    """One per-node vector of a specialised cell.
+    """One per-node vector (or matrix) of a specialised cell.
 
     ``kind``: ``gather`` (``source`` ``"input"`` or a state name, ``slot``), ``const``
     (``const``: int8 values), ``linear`` (``terms``: int8 matrices and their
-    arguments; ``table``: a fused activation), or ``alu`` (``op`` and ``args``).
+    arguments; ``table``: a fused activation), ``mlinear`` (the same on per-node
+    matrices, from the left), ``matvec`` (a child's matrix times a vector) or ``alu``
+    (``op`` and ``args``).
     """
 
     kind: str
@@ -55,6 +58,8 @@ class Value:
     bias: np.ndarray | None = None
     multipliers: list[float] = field(default_factory=list)
     table: np.ndarray | None = None
+    #: Rows per node (1: a vector; a matrix value's row count).
+    rows: int = 1
 
     @property
     def is_zero(self) -> bool:
@@ -75,31 +80,36 @@ class Specialized:
     states: dict[str, Value]
 
 
-def _const(width: int, values) -> Value:
-    return Value("const", width, const=np.asarray(values, dtype=np.int64).reshape(width))
+def _const(e: Expr, values) -> Value:
+    shape = value_shape(e, 1)[1:]
+    return Value("const", e.width, rows=e.rows,
+                 const=np.asarray(values, dtype=np.int64).reshape(shape))
+
+
+def _value_of(a: Value) -> np.ndarray:
+    """A constant argument's values for one node (int_op's batch of 1)."""
+    return a.const[None]
 
 
 def _fold_linear(q: QuantizedCell, e: Expr, args: list[Value]) -> Value:
     keep = [(w, a) for w, a in zip(q.weights[e.uid], args) if not a.is_zero]
-    m = q.multipliers[e.uid]
-    if not keep:
-        return _const(e.width, q.int_op(e, [np.zeros((1, a.width), np.int64) for a in args]))
     if all(a.kind == "const" for _, a in keep):
-        return _const(e.width, q.int_op(e, [a.const[None] if a.kind == "const" else
-                                            np.zeros((1, a.width), np.int64) for a in args]))
-    return Value("linear", e.width, e, [a for _, a in keep], terms=[w for w, _ in keep],
-                 bias=q.bias[e.uid], multipliers=m)
+        return _const(e, q.int_op(e, [_value_of(a) for a in args]))
+    return Value(e.op, e.width, e, [a for _, a in keep], rows=e.rows, terms=[w for w, _ in keep],
+                 bias=q.bias[e.uid], multipliers=q.multipliers[e.uid])
 
 
 def _fold(q: QuantizedCell, e: Expr, args: list[Value]) -> Value:
     """The value of ``e`` given its arguments' (folding zeros and constants)."""
-    if e.op == "linear":
+    if e.op in ("linear", "mlinear"):
         return _fold_linear(q, e, args)
     if all(a.kind == "const" for a in args):
-        return _const(e.width, q.int_op(e, [a.const[None] for a in args]))
+        return _const(e, q.int_op(e, [_value_of(a) for a in args]))
     m = q.multipliers.get(e.uid, [])
-    if e.op == "mul" and any(a.is_zero for a in args):
-        return _const(e.width, np.zeros(e.width))
+    if e.op in ("mul", "matvec") and any(a.is_zero for a in args):
+        return _const(e, np.zeros(value_shape(e, 1)[1:]))
+    if e.op == "matvec":
+        return Value("matvec", e.width, e, list(args), multipliers=list(m))
     if e.op in ("add", "sub") and args[1].is_zero:
         return Value("alu", e.width, e, [args[0]], op="rescale", multipliers=[m[0]])
     if e.op == "add" and args[0].is_zero:
@@ -114,10 +124,10 @@ def specialize(q: QuantizedCell, variant: Variant) -> Specialized:
     for e in q.cell.exprs:
         if e.op == "input":
             env[e.uid] = (Value("gather", e.width, e, source="input") if variant.inputs
-                          else _const(e.width, np.zeros(e.width)))
+                          else _const(e, np.zeros(e.width)))
         elif e.op == "child":
-            env[e.uid] = (Value("gather", e.width, e, source=e.state, slot=e.slot)
-                          if variant.children else _const(e.width, np.zeros(e.width)))
+            env[e.uid] = (Value("gather", e.width, e, rows=e.rows, source=e.state, slot=e.slot)
+                          if variant.children else _const(e, np.zeros(value_shape(e, 1)[1:])))
         else:
             env[e.uid] = _fold(q, e, [env[a.uid] for a in e.args])
     states = {s: env[e.uid] for s, e in q.cell.states.items()}
