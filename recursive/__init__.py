@@ -16,10 +16,11 @@ per-variant templates lowered onto the accelerator (:mod:`.specialize`,
 :mod:`.template`), instantiated and joined per batch of structures (:mod:`.program`,
 :mod:`.compiled`); runs through the Device API (:mod:`.run`).
 """
-from .cell import Cell, Expr, child, child_sum, linear, node_input, relu, sigmoid, tanh
+from .cell import (Cell, Expr, child, child_matrix, child_sum, left_linear, linear, matvec,
+                   node_input, relu, sigmoid, tanh)
 from .compiled import LAUNCHES, RecursiveModel, compile_recursive
 from .generators import grid_dag, perfect_tree, random_sequence, sst_like_trees
-from .models import MODELS, dag_rnn, tree_fc, tree_gru, tree_lstm, tree_rnn
+from .models import MODELS, dag_rnn, mv_rnn, tree_fc, tree_gru, tree_lstm, tree_rnn
 from .quantize import QuantizedCell, quantize_cell
 from .reference import reference_float, reference_int8
 from .run import RecursiveResult, run
@@ -27,8 +28,8 @@ from .structure import Dag, Linearized, ParentArray, Tree, linearize
 
 __all__ = [
     "Cell", "Dag", "Expr", "LAUNCHES", "Linearized", "MODELS", "ParentArray", "QuantizedCell",
-    "RecursiveModel", "RecursiveResult", "Tree", "child", "child_sum", "compile_recursive",
-    "dag_rnn", "grid_dag", "linear", "linearize", "node_input", "perfect_tree",
+    "RecursiveModel", "RecursiveResult", "Tree", "child", "child_matrix", "child_sum", "compile_recursive",
+    "dag_rnn", "grid_dag", "left_linear", "linear", "matvec", "mv_rnn", "linearize", "node_input", "perfect_tree",
     "quantize_cell", "random_sequence", "reference_float", "reference_int8", "relu", "run",
     "sigmoid", "sst_like_trees", "tanh", "tree_fc", "tree_gru", "tree_lstm", "tree_rnn",
 ]

@@ -28,6 +28,7 @@ from tessera.compiler.accel.layout import pack_weights
 from .cell import Cell
 from .program import (Chunk, Layout, batch_variant, instantiate, join, layout_run,
                       plan_chunks, weight_block)
+from .matrix import T
 from .quantize import QuantizedCell, quantize_cell
 from .specialize import Specialized, Variant, specialize
 from .structure import Linearized, linearize
@@ -58,11 +59,10 @@ def plan_weights(config: HwConfig, specs: dict[str, Specialized]) -> WeightPlan:
     order: dict[bytes, np.ndarray] = {}
     used: dict[str, list[bytes]] = {}
     for key, spec in specs.items():
-        keys = [matrix_key(w) for v in spec.values if v.kind == "linear" for w in v.terms]
-        used[key] = list(dict.fromkeys(keys))
-        for v in spec.values:
-            for w in (v.terms if v.kind == "linear" else ()):
-                order.setdefault(matrix_key(w), w)
+        mats = [w for v in spec.values if v.kind in ("linear", "mlinear") for w in v.terms]
+        used[key] = list(dict.fromkeys(matrix_key(w) for w in mats))
+        for w in mats:
+            order.setdefault(matrix_key(w), w)
     packed = {k: pack_weights(w, config).reshape(-1, config.block_out * config.block_in)
               for k, w in order.items()}
     offsets, tiles, at = {}, {}, 0
@@ -168,14 +168,17 @@ class RecursiveModel:
         if inputs_q is not None:
             out["input"] = self._packed(inputs_q, zeros)
         for s, e in self.cell.states.items():
-            out[f"state:{s}"] = self._packed(np.zeros((lin.num_nodes, e.width), np.int8), zeros)
+            row_bytes = e.rows * blocks(self.config, e.width) * self.config.block_out
+            for form in ("", T) if e.rows > 1 else ("",):
+                out[f"state:{s}{form}"] = (np.zeros((lin.num_nodes + zeros, row_bytes), np.int8),
+                                           row_bytes, lin.num_nodes)
         return out
 
     def _packed(self, rows: np.ndarray, zeros: int) -> tuple[np.ndarray, int, int]:
-        b = blocks(self.config, rows.shape[1])
-        data = np.zeros((rows.shape[0] + zeros, b * self.config.block_out), np.int8)
+        row_bytes = blocks(self.config, rows.shape[1]) * self.config.block_out
+        data = np.zeros((rows.shape[0] + zeros, row_bytes), np.int8)
         data[:rows.shape[0], :rows.shape[1]] = rows
-        return data, b, rows.shape[0]
+        return data, row_bytes, rows.shape[0]
 
     def programs(self, lin: Linearized, inputs_q: np.ndarray | None,
                  launches: str = "tree") -> tuple[list[Program], Layout]:

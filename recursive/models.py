@@ -17,7 +17,8 @@ import numpy as np
 
 from tessera.errors import CompileError
 
-from .cell import Cell, Expr, child, child_sum, linear, node_input, sigmoid, tanh
+from .cell import (Cell, Expr, child, child_matrix, child_sum, left_linear, linear, matvec,
+                   node_input, sigmoid, tanh)
 
 
 class _Params:
@@ -157,8 +158,31 @@ def dag_rnn(hidden: int = 256, embed: int = 256, *, max_children: int = 2,
     return _build("DAG-RNN", weights, seed, body)
 
 
+def mv_rnn(hidden: int = 64, embed: int = 64, *,
+           weights: Mapping[str, np.ndarray] | None = None, seed: int = 0) -> Cell:
+    """MV-RNN (Socher et al. 2012): every node has a vector ``v`` and a matrix ``M``. For
+    children ``(a, A)`` and ``(b, B)``: ``v = tanh(W1 (B a) + W2 (A b) + Wx x + b)`` and
+    ``M = WM1 A + WM2 B + M0``. A leaf (no children) gets ``v = tanh(Wx x + b)`` and
+    ``M = M0``: the composition's bias matrix is every leaf's matrix (Socher's model gives
+    each word its own matrix; one shared leaf matrix keeps the parameters to
+    ``O(hidden^2)``). ``M0`` defaults to the identity plus uniform noise of 0.01, as
+    Socher initialises word matrices. Weights ``W1 W2 Wx b WM1 WM2 M0``."""
+    def body(p: _Params) -> Cell:
+        a, b = child("v", 0, hidden), child("v", 1, hidden)
+        ma, mb = child_matrix("M", 0, hidden), child_matrix("M", 1, hidden)
+        v = tanh(linear((p("W1", hidden, hidden), matvec(mb, a)),
+                        (p("W2", hidden, hidden), matvec(ma, b)),
+                        (p("Wx", hidden, embed), node_input(embed)), bias=p("b", hidden)))
+        given = "M0" in p.given
+        m0 = p("M0", hidden, hidden)
+        m0 = m0 if given else np.eye(hidden) + 0.01 * np.sign(m0)
+        m = left_linear((p("WM1", hidden, hidden), ma), (p("WM2", hidden, hidden), mb), bias=m0)
+        return Cell("MV-RNN", "tree", 2, {"v": v, "M": m}, output="v")
+    return _build("MV-RNN", weights, seed, body)
+
+
 #: Built-in models by name (the benchmark's and the tests' list).
 MODELS: dict[str, Callable[..., Cell]] = {
     "TreeFC": tree_fc, "TreeRNN": tree_rnn, "TreeGRU": tree_gru, "TreeLSTM": tree_lstm,
-    "DAG-RNN": dag_rnn,
+    "DAG-RNN": dag_rnn, "MV-RNN": mv_rnn,
 }

@@ -91,10 +91,14 @@ class Layout:
 
     program: Program
     rows: dict[str, int]          # array ("input", "state:<s>") -> rows before the zeros
-    row_elems: dict[str, int]     # array -> elements per row
+    row_bytes: dict[str, int]     # array -> bytes per row (one node's vector or matrix)
 
     def base(self, segment: str, mem: MemType) -> int:
         return self.program.elem_addr(segment, mem)
+
+    def row_elems(self, array: str, mem: MemType) -> int:
+        """Elements of ``mem`` in one row of ``array``."""
+        return self.row_bytes[array] // self.program.isa.elem_bytes(mem)
 
 
 def _runs(index: np.ndarray) -> list[tuple[int, int, int]]:
@@ -126,13 +130,13 @@ def _gather(insn: Load, index: np.ndarray, base: int, row_elems: int) -> list[Lo
     return out
 
 
-def _gather_index(lin, layout: Layout, chunk: Chunk, source: str, slot: int) -> np.ndarray:
-    rows = np.arange(chunk.n)
-    if source == "input":
-        index, zeros = lin.inputs[chunk.start:chunk.end], layout.rows["input"]
+def _gather_index(lin, layout: Layout, chunk: Chunk, array: str, slot: int) -> np.ndarray:
+    """The rows of ``array`` a chunk's gather reads (a zero row where there is none)."""
+    if array == "input":
+        index = lin.inputs[chunk.start:chunk.end]
     else:
-        index, zeros = lin.children[chunk.start:chunk.end, slot], layout.rows[f"state:{source}"]
-    return np.where(index >= 0, index, zeros + rows)
+        index = lin.children[chunk.start:chunk.end, slot]
+    return np.where(index >= 0, index, layout.rows[array] + np.arange(chunk.n))
 
 
 def instantiate(t: Template, chunk: Chunk | None, lin, layout: Layout) -> list[Instruction]:
@@ -147,11 +151,12 @@ def instantiate(t: Template, chunk: Chunk | None, lin, layout: Layout) -> list[I
         elif r.kind == "rows":
             array = f"state:{r.segment}"
             out.append(insn.replace(dram_base=layout.base(array, insn.mem)
-                                    + chunk.start * layout.row_elems[array]))
+                                    + chunk.start * layout.row_elems(array, insn.mem)))
         else:
             array = "input" if r.segment == "input" else f"state:{r.segment}"
-            index = _gather_index(lin, layout, chunk, r.segment, r.offset)
-            out += _gather(insn, index, layout.base(array, insn.mem), layout.row_elems[array])
+            index = _gather_index(lin, layout, chunk, array, r.offset)
+            out += _gather(insn, index, layout.base(array, insn.mem),
+                           layout.row_elems(array, insn.mem))
     return out
 
 
@@ -174,7 +179,7 @@ def join(blocks_: list[list[Instruction]]) -> list[Instruction]:
 def layout_run(config: HwConfig, templates: list[Template], weights: WeightPlan,
                arrays: dict[str, tuple[np.ndarray, int, int]], scratch: int) -> Layout:
     """The run's program without instructions: ``weights``, the templates' segments,
-    then each array (``name -> (packed bytes, row elements, rows before the zero
+    then each array (``name -> (packed bytes, bytes per row, rows before the zero
     rows)``) and ``scratch`` bytes."""
     prog = Program(config)
     prog.add_segment("weights", weights.data)
@@ -185,9 +190,9 @@ def layout_run(config: HwConfig, templates: list[Template], weights: WeightPlan,
                 seen.add(name)
                 prog.add_segment(name, data)
     rows, elems = {}, {}
-    for name, (data, per_row, count) in arrays.items():
+    for name, (data, row_bytes, count) in arrays.items():
         prog.add_segment(name, data)
-        rows[name], elems[name] = count, per_row
+        rows[name], elems[name] = count, row_bytes
     if scratch:
         prog.add_segment("scratch", scratch)
     return Layout(prog, rows, elems)

@@ -22,6 +22,7 @@ from tessera.runtime.device import Device, DeviceBuffer
 from tessera.runtime.firewall import relocate
 
 from .compiled import RecursiveModel
+from .matrix import untiled
 from .program import Layout
 from .structure import Linearized
 
@@ -97,9 +98,11 @@ def read_states(model: RecursiveModel, layout: Layout, lin: Linearized,
     out = {}
     for s, e in model.cell.states.items():
         name = f"state:{s}"
-        rows = np.asarray(read(name)).view(np.int8).reshape(
-            -1, layout.row_elems[name] * model.config.block_out)
-        out[s] = rows[:lin.num_nodes, :e.width].copy()
+        rows = np.asarray(read(name)).view(np.int8).reshape(-1, layout.row_bytes[name])
+        rows = rows[:lin.num_nodes]
+        out[s] = (untiled(rows.reshape(lin.num_nodes, -1, model.config.block_out), e.rows,
+                          e.width, model.config.block_out) if e.rows > 1
+                  else rows[:, :e.width].copy())
     return out
 
 

@@ -41,6 +41,7 @@ from tessera.compiler.accel.nest import dim, map_nest
 from tessera.compiler.accel.ops import Apply, Bias, Clip, Requant
 from tessera.compiler.accel.sync import insert_dependency_tokens
 
+from .matrix import T, MatrixLowering
 from .specialize import Specialized, Value, Variant
 
 INT32 = (-(1 << 31), (1 << 31) - 1)
@@ -133,12 +134,17 @@ class _Acc:
         self.free = merged
 
 
+def wrap_rows(rows: np.ndarray, config: HwConfig) -> np.ndarray:
+    """Tile-blocked int rows as accumulator parameter rows ``(rows, batch, lanes)``."""
+    return np.asarray(rows, dtype=np.int32).reshape(-1, config.batch, config.block_out)
+
+
 def blocks(config: HwConfig, width: int) -> int:
     """Elements (accumulator rows, buffer entries) of one node's ``width``-vector."""
     return ceil_div(width, config.block_out)
 
 
-class TemplateBuilder:
+class TemplateBuilder(MatrixLowering):
     """Lowers one :class:`~.specialize.Specialized` cell for a chunk of ``n`` nodes."""
 
     def __init__(self, spec: Specialized, variant: Variant, n: int, config: HwConfig,
@@ -152,6 +158,15 @@ class TemplateBuilder:
         self.param_at: dict[int, tuple[int, list[int]]] = {}   # id(plan) -> base, starts
         self.acc_of: dict[int, int] = {}                        # id(value) -> first row
         self.inp_of: dict[int, int] = {}                        # id(value) -> first entry
+        #: Matrix values: the accumulator rows of the M^T orientation, the weight-buffer
+        #: regions of gathered matrices (by orientation), the composition weights' rows in
+        #: the input buffer, the parameter rows each orientation starts from.
+        self.acc_t: dict[int, int] = {}
+        self.wgt_of: dict[tuple[int, str], int] = {}
+        self.const_inp: dict[tuple[int, int], int] = {}
+        self.matrix_rows_at: dict[int, list[int]] = {}
+        bases = weights.bases["all" if weights.shared else variant.key]
+        self.wgt_top = max((b + weights.tiles[k] for k, b in bases.items()), default=0)
         self.readers = self._readers()
         self._segments()
 
@@ -167,20 +182,24 @@ class TemplateBuilder:
         em, n = self.em, self.n
         em.add_segment("weights", self.weights.data)
         for v in self.spec.values:
-            if v.kind == "gather":
-                em.add_segment(f"gather:{v.source}:{v.slot}", n * blocks(self.c, v.width) * 16)
+            if v.kind == "gather" and v.rows > 1:
+                self.matrix_segments(v)
+            elif v.kind == "gather":
+                em.add_segment(f"gather:{v.source}:{v.slot}", self.rows(v) * self.c.block_out)
         for s, v in self.spec.states.items():
-            em.add_segment(f"out:{s}", n * blocks(self.c, v.width) * self.c.block_out)
+            for form in ("", T) if v.rows > 1 else ("",):
+                em.add_segment(f"out:{s}{form}", self.rows(v) * self.c.block_out)
         spill = sum(n * blocks(self.c, v.width) * self.c.block_out
                     for v in self.spec.values if self._spilled(v))
         if spill:
             em.add_segment("scratch", spill)
 
     def rows(self, v: Value) -> int:
-        return self.n * blocks(self.c, v.width)
+        """Accumulator rows (buffer entries) of ``v`` over the chunk."""
+        return self.n * v.rows * blocks(self.c, v.width)
 
     def _gemm_read(self, v: Value) -> bool:
-        return any(r.kind == "linear" for r in self.readers[id(v)])
+        return any(r.kind in ("linear", "matvec") for r in self.readers[id(v)])
 
     def _alu_read(self, v: Value) -> bool:
         return any(r.kind == "alu" for r in self.readers[id(v)]) or (
@@ -219,8 +238,16 @@ class TemplateBuilder:
     def plans_of(self, v: Value) -> list[EpiloguePlan]:
         """The epilogue plans of ``v``: one, or for ``+``/``-`` the two operands' rescales
         and the result's clamp. The last plan clamps to int8 when a reader needs it."""
+        if v.rows > 1:               # a matrix: only stored (its start rows: matrix_params)
+            return [self._plan(self._requant(v.multipliers[0]) if v.multipliers else (), v)]
         if v.kind == "const":
             return [self._plan((Bias(v.const),), v, init=True, acc_range=(0, 0))]
+        if v.kind == "matvec":
+            plans = [self._plan((Bias(np.zeros(v.width, np.int64)),)
+                                + self._requant(v.multipliers[0]), v, init=True)]
+            if self._needs_clamp(v):
+                plans[-1].steps.append(self._clamp_step())
+            return plans
         if v.kind == "linear":
             stages = (Bias(v.bias),) + self._requant(v.multipliers[0]) + (
                 (self._lut(v.table),) if v.table is not None else ())
@@ -250,8 +277,15 @@ class TemplateBuilder:
                 self.param_at[id(p)] = (at, starts)
                 chunks.append(data)
                 at += data.shape[0]
+            if v.rows > 1:
+                self.matrix_rows_at[id(v)] = []
+                for rows in self.matrix_params(v):
+                    self.matrix_rows_at[id(v)].append(at)
+                    chunks.append(wrap_rows(rows, self.c))
+                    at += rows.shape[0]
         top = self.c.acc_depth - at
         self.param_at = {k: (top + b, s) for k, (b, s) in self.param_at.items()}
+        self.matrix_rows_at = {k: [top + b for b in v] for k, v in self.matrix_rows_at.items()}
         if at:
             seg = self.em.add_segment("params", np.concatenate(chunks))
             self.em.emit(Load(mem=MemType.ACC, sram_base=top, dram_base=self.em.elem(
@@ -263,7 +297,8 @@ class TemplateBuilder:
         """The plan's steps (or its initialising MOV) over ``v``-shaped rows at ``base``."""
         pbase, starts = self.param_at[id(p)]
         p.table_bases = [self.em.table_base(t) for t in p.tables]
-        args = dict(acc_base=base, nb_n=self.n, ob_n=blocks(self.c, v.width), pixels=1, ob0=0,
+        # A matrix's rows count as "pixels" of the tile: its plans are per tensor.
+        args = dict(acc_base=base, nb_n=self.n, ob_n=blocks(self.c, v.width), pixels=v.rows, ob0=0,
                     param_base=pbase, param_starts=starts, where=f"{self.name}: {v.label}")
         if init:
             self.em.emit(tile_alu(self.em, p, p.init, **args))
@@ -283,6 +318,9 @@ class TemplateBuilder:
     def _emit_gathers(self, acc: _Acc, inp: list[int]) -> None:
         for v in self.spec.values:
             if v.kind != "gather":
+                continue
+            if v.rows > 1:
+                self.matrix_gather(v, inp)
                 continue
             if self._gemm_read(v):
                 self.inp_of[id(v)] = self._take_inp(inp, v)
@@ -309,22 +347,30 @@ class TemplateBuilder:
                             (base, self.inp_of[id(a)], wbases[matrix_key(w)]))
         self._apply_plan(plan, v, base)
 
-    def _emit_gemm(self, v: Value, ob: int, ib: int, base: tuple[int, int, int]) -> None:
+    def _emit_gemm(self, v: Value, ob: int, ib: int, base: tuple[int, int, int],
+                   node_wgt: int = 0) -> None:
         """``acc[node][ob] += inp[node][ib] . wgt[ob][ib]`` over the chunk: one GEMM, or,
         when the chunk has fewer rows than the pipeline's write-to-read distance (the
         sum's steps would follow each other too closely on one row), one GEMM per input
         block (an instruction drains its pipeline before the next starts)."""
-        rows = [dim("node", self.n, dst=ob, src=ib), dim("ob", ob, dst=1, wgt=ib)]
+        rows = [dim("node", self.n, dst=ob, src=ib, wgt=node_wgt),
+                dim("ob", ob, dst=1, wgt=ib)]
         distance = timing.gemm_hazard_distance()
         if self.n * ob >= distance:
             nests = [(rows + [dim("ib", ib, src=1, wgt=1)], base)]
         else:
             nests = [(rows, (base[0], base[1] + k, base[2] + k)) for k in range(ib)]
         for dims, b0 in nests:
-            nest = map_nest(dims, b0, kind="gemm", isa=self.em.isa, distance=distance,
-                            where=f"{self.name}: {v.label}")
-            b, e = self.em.kernel(nest.uops)
-            self.em.emit(Gemm(uop_begin=b, uop_end=e, **nest.fields("gemm")))
+            self.gemm(dims, b0, v)
+
+    def gemm(self, dims: list, base: tuple[int, int, int], v: Value) -> None:
+        """One GEMM instruction over ``dims`` from ``base`` (dst, src, wgt)."""
+        nest = map_nest(dims, base, kind="gemm", isa=self.em.isa,
+                        distance=timing.gemm_hazard_distance(), where=f"{self.name}: {v.label}")
+        b, e = self.em.kernel(nest.uops)
+        self.em.emit(Gemm(uop_begin=b, uop_end=e, **nest.fields("gemm")))
+
+    _key = staticmethod(matrix_key)
 
     def _emit_alu(self, v: Value, base: int, acc: _Acc) -> None:
         rows, plans = self.rows(v), self.plans[id(v)]
@@ -358,9 +404,13 @@ class TemplateBuilder:
         stored = {id(v) for v in self.spec.states.values()}
         scratch = [0]
         for v in self.spec.values:
-            if v.kind != "gather":
+            if v.rows > 1 and v.kind != "gather":
+                self._emit_matrix(v, acc, inp)
+            elif v.kind != "gather":
                 base = self.acc_of[id(v)] = acc.take(self.rows(v), f"{self.name}: {v.label}")
-                if v.kind == "const":
+                if v.kind == "matvec":
+                    self.emit_matvec(v, base)
+                elif v.kind == "const":
                     self._apply_plan(self.plans[id(v)][0], v, base, init=True)
                 elif v.kind == "linear":
                     self._emit_linear(v, base)
@@ -370,11 +420,28 @@ class TemplateBuilder:
                     self._spill(v, scratch, inp)
             for a in v.args:
                 pending[id(a)] -= 1
-                if not pending[id(a)] and id(a) not in stored and id(a) in self.acc_of:
-                    acc.give(self.acc_of[id(a)], self.rows(a))
+                if not pending[id(a)] and id(a) not in stored:
+                    for regions in (self.acc_of, self.acc_t):
+                        if id(a) in regions:
+                            acc.give(regions[id(a)], self.rows(a))
+
+    def _emit_matrix(self, v: Value, acc: _Acc, inp: list[int]) -> None:
+        """A matrix value: both orientations' rows, from its composition or constant."""
+        what = f"{self.name}: {v.label}"
+        bases = [acc.take(self.rows(v), what), acc.take(self.rows(v), what)]
+        self.acc_of[id(v)], self.acc_t[id(v)] = bases
+        if v.kind == "mlinear":
+            self.const_rows(v, inp)
+            self.emit_composition(v, bases)
+        else:
+            self.check_matrix(v)
+            self.init_matrix(v, bases)
 
     def _emit_state_stores(self) -> None:
         for s, v in self.spec.states.items():
+            if v.rows > 1:
+                self.store_matrix(s, v, [self.acc_of[id(v)], self.acc_t[id(v)]])
+                continue
             r = self.rows(v)
             self.em.emit(Store(mem=MemType.OUT, sram_base=self.acc_of[id(v)],
                                dram_base=self.em.elem(Place(f"out:{s}"), MemType.OUT),
