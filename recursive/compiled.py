@@ -197,13 +197,15 @@ class RecursiveModel:
 
     def _blocks_of(self, group: list[Chunk], lin: Linearized, layout: Layout) -> list[list]:
         """Each launch loads its weights (a launch keeps nothing on chip from the last)."""
-        out, loaded = [], None
+        out, loaded, last = [], None, None
         for c in group:
             key = "all" if self.weights.shared else c.variant.key
             if key != loaded:
                 out.append(instantiate(self.weight_block(key), None, lin, layout))
                 loaded = key
-            out.append(instantiate(self.template(c.variant, c.n), c, lin, layout))
+            t = self.template(c.variant, c.n)
+            out.append(instantiate(t, c, lin, layout, warm=t is last))
+            last = t
         return out
 
 

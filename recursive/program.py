@@ -63,9 +63,9 @@ def plan_chunks(lin, capacity) -> list[Chunk]:
     for start, end in lin.batches:
         variant = batch_variant(lin, start, end)
         size = capacity(variant)
-        count = -(-(end - start) // size)
-        bounds = np.linspace(start, end, count + 1).round().astype(int)   # even chunks
-        chunks += [Chunk(variant, int(a), int(b)) for a, b in zip(bounds, bounds[1:])]
+        # Full chunks first: consecutive chunks of one template keep its tables,
+        # parameters and uops on chip (Template.resident).
+        chunks += [Chunk(variant, a, min(a + size, end)) for a in range(start, end, size)]
     return chunks
 
 
@@ -139,12 +139,18 @@ def _gather_index(lin, layout: Layout, chunk: Chunk, array: str, slot: int) -> n
     return np.where(index >= 0, index, layout.rows[array] + np.arange(chunk.n))
 
 
-def instantiate(t: Template, chunk: Chunk | None, lin, layout: Layout) -> list[Instruction]:
-    """Template ``t``'s instructions for ``chunk`` (its FINISH last)."""
+def instantiate(t: Template, chunk: Chunk | None, lin, layout: Layout, *,
+                warm: bool = False) -> list[Instruction]:
+    """Template ``t``'s instructions for ``chunk`` (its FINISH last). ``warm``: the chunk
+    before ran ``t`` too, so ``t.resident`` loads become no-ops (keeping their tokens)."""
     out: list[Instruction] = []
     for i, insn in enumerate(t.instructions):
         r = t.relocs.get(i)
-        if r is None:
+        if warm and i in t.resident:
+            out.append(Load(mem=insn.mem, x_size=0, pop_prev=insn.pop_prev,
+                            pop_next=insn.pop_next, push_prev=insn.push_prev,
+                            push_next=insn.push_next))
+        elif r is None:
             out.append(insn)
         elif r.kind in ("model", "scratch"):
             out.append(insn.replace(dram_base=layout.base(r.segment, insn.mem) + r.offset))

@@ -100,6 +100,11 @@ class Template:
     footprint: "Footprint | None" = None
     #: Bytes of the ``scratch`` area its spills use.
     scratch: int = 0
+    #: Loads a chunk may skip when the chunk before it ran the same template: its uop
+    #: kernels, epilogue parameters, lookup tables and constant rows are still on chip
+    #: (nothing the template runs overwrites them; tables only when they all fit the
+    #: table memory at once).
+    resident: frozenset[int] = frozenset()
 
     @property
     def key(self) -> str:
@@ -460,7 +465,14 @@ class TemplateBuilder(MatrixLowering):
         relocs, segments = relocations(program, self.name)
         scratch = sum(s.size for s in program.segments if s.name == "scratch")
         return Template(self.variant, self.n, program.instructions, relocs, segments,
-                        Footprint(acc.peak, self.c.acc_depth - top, inp[0]), scratch)
+                        Footprint(acc.peak, self.c.acc_depth - top, inp[0]), scratch,
+                        self._resident(program.instructions, relocs))
+
+    def _resident(self, insns: list[Instruction], relocs: dict[int, Reloc]) -> frozenset[int]:
+        tables = [i for i, x in enumerate(insns) if isinstance(x, Load) and x.mem == MemType.TBL]
+        keep_tables = len(tables) * 256 <= self.c.table_entries
+        return frozenset(i for i, r in relocs.items() if r.kind == "model"
+                         and r.segment != "weights" and (keep_tables or i not in tables))
 
 
 def relocations(program, name: str) -> tuple[dict[int, Reloc], dict[str, np.ndarray]]:
