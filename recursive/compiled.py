@@ -55,7 +55,8 @@ def _check_config(config: HwConfig) -> None:
 
 def plan_weights(config: HwConfig, specs: dict[str, Specialized]) -> WeightPlan:
     """Every variant's matrices packed in tiles; one weight-buffer layout for all the
-    variants when they fit together, else one per variant (loaded when it starts)."""
+    variants when they fit together, else one per variant (loaded when it starts), and
+    a variant whose matrices do not fit the buffer at all streams them per chunk."""
     order: dict[bytes, np.ndarray] = {}
     used: dict[str, list[bytes]] = {}
     for key, spec in specs.items():
@@ -72,15 +73,19 @@ def plan_weights(config: HwConfig, specs: dict[str, Specialized]) -> WeightPlan:
             else np.zeros((1, config.block_out * config.block_in), np.int8))
     shared = at <= config.wgt_depth
     bases: dict[str, dict[bytes, int]] = {}
+    streamed: set[str] = set()
     for key, keys in used.items():
+        starts = np.cumsum([0] + [tiles[k] for k in keys])
         if shared:
             bases[key] = {k: offsets[k] for k in keys}
-        else:
-            starts = np.cumsum([0] + [tiles[k] for k in keys])
+        elif starts[-1] <= config.wgt_depth:
             bases[key] = dict(zip(keys, (int(s) for s in starts[:-1])))
+        else:                       # streamed through the buffer by the template
+            bases[key] = {}
+            streamed.add(key)
     if shared:
         bases["all"] = {k: offsets[k] for k in order}
-    return WeightPlan(data.astype(np.int8), offsets, tiles, bases, shared)
+    return WeightPlan(data.astype(np.int8), offsets, tiles, bases, shared, streamed)
 
 
 @dataclass
@@ -104,20 +109,10 @@ class RecursiveModel:
         """The template of ``variant`` for ``n`` nodes (compiled on first use, then kept)."""
         key = (variant.key, n)
         if key not in self._templates:
-            self._check_weights(variant)
             self._templates[key] = TemplateBuilder(
                 self.specs[variant.key], variant, n, self.config, self.weights,
                 f"{self.cell.name}.{variant.key}.n{n}").build()
         return self._templates[key]
-
-    def _check_weights(self, variant: Variant) -> None:
-        bases = self.weights.bases[variant.key]
-        need = sum(self.weights.tiles[k] for k in bases)
-        if need > self.config.wgt_depth:
-            raise CompileError(
-                f"{self.cell.name}: the {variant.key} nodes' matrices take {need} weight tiles; "
-                f"config {self.config.name!r} holds {self.config.wgt_depth}. Use a smaller "
-                "hidden size or a config with a larger weight buffer (wgt_depth)")
 
     def capacity(self, variant: Variant) -> int:
         """Most nodes one chunk of ``variant`` computes on this config."""

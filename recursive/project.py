@@ -106,23 +106,32 @@ def project_launches(model: RecursiveModel, result: RecursiveResult,
 def expression_work(e: Expr, live_terms: Sequence[int] = ()) -> Work:
     """One kernel call computing expression ``e`` for one node, in float32.
 
-    * ``linear``: a ``gemm_float`` call, ``ops`` = the MACs of the terms
-      ``live_terms`` (indices into ``e.args``), ``elements`` = the output width,
-      ``bytes`` = every tensor read and written (the terms' vectors and matrices, the
+    * ``linear`` (``W_k @ x_k`` summed, plus the bias) and ``mlinear`` (MV-RNN's
+      ``W_k @ M_k`` on per-node matrices): a ``gemm_float`` call, ``ops`` = the MACs of
+      the terms ``live_terms`` (indices into ``e.args``), ``elements`` = the output's,
+      ``bytes`` = every tensor read and written (the terms' operands and matrices, the
       bias, the output), as the compiler's ``node_work`` counts a Gemm node;
-    * ``add``, ``sub``, ``mul``, ``relu``: an ``elementwise`` call over the width
+    * ``matvec`` (a child's matrix state times a vector): a ``gemm_float`` call of
+      ``rows x width`` MACs;
+    * ``add``, ``sub``, ``mul``, ``relu``: an ``elementwise`` call over the output
       (operands read, result written);
-    * ``sigmoid``, ``tanh``: a ``transcendental`` call over the width.
+    * ``sigmoid``, ``tanh``: a ``transcendental`` call over the output.
     """
-    w = e.width
-    if e.op == "linear":
-        mats = [e.weights[k] for k in live_terms]
-        reads = sum(m.shape[1] + m.size for m in mats) + w            # x_k, W_k, bias
-        return Work("gemm_float", sum(m.size for m in mats), w, FLOAT_BYTES * (reads + w))
+    out = e.rows * e.width
+    if e.op in ("linear", "mlinear"):
+        terms = [(e.weights[k], e.args[k]) for k in live_terms]
+        macs = sum(w.size * a.width for w, a in terms) if e.op == "mlinear" \
+            else sum(w.size for w, _ in terms)
+        reads = sum(w.size + a.rows * a.width for w, a in terms) + out      # W_k, x_k, bias
+        return Work("gemm_float", macs, out, FLOAT_BYTES * (reads + out))
+    if e.op == "matvec":
+        m, x = e.args
+        return Work("gemm_float", m.rows * m.width, out,
+                    FLOAT_BYTES * (m.rows * m.width + x.width + out))
     if e.op in ("sigmoid", "tanh"):
-        return Work("transcendental", 0, w, FLOAT_BYTES * 2 * w)
+        return Work("transcendental", 0, out, FLOAT_BYTES * 2 * out)
     if e.op in ("add", "sub", "mul", "relu"):
-        return Work("elementwise", 0, w, FLOAT_BYTES * (len(e.args) + 1) * w)
+        return Work("elementwise", 0, out, FLOAT_BYTES * (len(e.args) + 1) * out)
     raise ValueError(f"no kernel call computes {e.label}")
 
 
@@ -134,19 +143,19 @@ VALUE, CONST, ZERO = "value", "const", "zero"
 def _fold(e: Expr, args: list[str], present: frozenset[int], has_input: bool) -> str:
     """What ``e`` is for a node with children in slots ``present`` (zeros folded as a
     specialised C implementation would: a term of zeros vanishes, ``a + 0`` is ``a``,
-    ``a * 0`` is 0, an operation on constants is a constant)."""
+    ``a * 0`` and ``M @ 0`` are 0, an operation on constants is a constant)."""
     if e.op == "input":
         return VALUE if has_input else ZERO
     if e.op == "child":
         return VALUE if e.slot in present else ZERO
-    if e.op == "linear":
+    if e.op in ("linear", "mlinear"):
         return VALUE if VALUE in args else CONST       # W @ const folds into the bias
     if e.op == "rescale":
         return args[0]
     if e.op in ("add", "sub"):
         if args == [ZERO, ZERO]:
             return ZERO
-    elif e.op == "mul":
+    elif e.op in ("mul", "matvec"):
         if ZERO in args:
             return ZERO
     elif e.op in ("tanh", "relu") and args[0] == ZERO:
@@ -195,7 +204,8 @@ def project_cpu(cell: Cell, lin: Linearized, host: HostModel | str | None = None
     C/C++ implementation or an eager framework would; nothing batched across nodes),
     with its absent children's and input's zeros folded away (:func:`node_calls`; leaves
     skip the terms that read children). Each call is priced by ``host``'s regression for
-    its kind (:func:`expression_work`: linear maps ``gemm_float`` with ``ops`` = MACs,
+    its kind (:func:`expression_work`: linear maps and MV-RNN's matrix products
+    ``gemm_float`` with ``ops`` = MACs,
     ``+ - *`` and ReLU ``elementwise``, sigmoid and tanh ``transcendental``); the
     per-call fixed cost of the host models includes one dispatch from the runtime into
     native code. ``host``: a model, a built-in's name, or ``None`` for the board of

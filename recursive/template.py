@@ -60,6 +60,9 @@ class WeightPlan:
     tiles: dict[bytes, int]                # matrix key -> tile count
     bases: dict[str, dict[bytes, int]]     # variant key -> matrix key -> weight-buffer entry
     shared: bool                           # one set for all variants (loaded once)
+    #: Variants whose matrices do not fit the buffer: each chunk streams them through
+    #: two alternating regions, a piece (a term's rows of output blocks) at a time.
+    streamed: set[str] = field(default_factory=set)
 
 
 def matrix_key(w: np.ndarray) -> bytes:
@@ -172,6 +175,7 @@ class TemplateBuilder(MatrixLowering):
         self.matrix_rows_at: dict[int, list[int]] = {}
         bases = weights.bases["all" if weights.shared else variant.key]
         self.wgt_top = max((b + weights.tiles[k] for k, b in bases.items()), default=0)
+        self.pieces = 0             # streamed weight pieces so far (they alternate halves)
         self.readers = self._readers()
         self._segments()
 
@@ -348,20 +352,46 @@ class TemplateBuilder(MatrixLowering):
         ob = blocks(self.c, v.width)
         wbases = self.weights.bases[self.variant.key]
         for w, a in zip(v.terms, v.args):
-            self._emit_gemm(v, ob, blocks(self.c, a.width),
-                            (base, self.inp_of[id(a)], wbases[matrix_key(w)]))
+            ib = blocks(self.c, a.width)
+            if self.variant.key in self.weights.streamed:
+                self._stream_term(v, w, ob, ib, (base, self.inp_of[id(a)]))
+            else:
+                self._emit_gemm(v, ob, ib, (base, self.inp_of[id(a)], wbases[matrix_key(w)]))
         self._apply_plan(plan, v, base)
 
+    def _stream_term(self, v: Value, w: np.ndarray, ob: int, ib: int,
+                     base: tuple[int, int]) -> None:
+        """A term whose matrix is not resident: pieces of output blocks loaded into two
+        alternating halves of the free weight buffer, each followed by its GEMM (the
+        dependency tokens let a piece's load overlap the GEMM of the piece before)."""
+        half = (self.c.wgt_depth - self.wgt_top) // 2
+        per = half // ib
+        if per < 1:
+            raise CompileError(f"{self.name}: {v.label} streams its weights through "
+                               f"{half}-tile halves of the weight buffer; a row of {ib} tiles "
+                               f"does not fit (config {self.c.name!r})")
+        key, tile_bytes = matrix_key(w), self.c.block_out * self.c.block_in
+        for ob0 in range(0, ob, per):
+            ob1 = min(ob, ob0 + per)
+            region = self.wgt_top + (self.pieces % 2) * half
+            self.pieces += 1
+            count = (ob1 - ob0) * ib
+            place = Place("weights", (self.weights.offsets[key] + ob0 * ib) * tile_bytes)
+            self.em.emit(Load(mem=MemType.WGT, sram_base=region, dram_base=self.em.elem(
+                place, MemType.WGT), y_size=1, x_size=count, x_stride=count))
+            self._emit_gemm(v, ob, ib, (base[0] + ob0, base[1], region), extent=ob1 - ob0)
+
     def _emit_gemm(self, v: Value, ob: int, ib: int, base: tuple[int, int, int],
-                   node_wgt: int = 0) -> None:
+                   node_wgt: int = 0, extent: int | None = None) -> None:
         """``acc[node][ob] += inp[node][ib] . wgt[ob][ib]`` over the chunk: one GEMM, or,
         when the chunk has fewer rows than the pipeline's write-to-read distance (the
         sum's steps would follow each other too closely on one row), one GEMM per input
         block (an instruction drains its pipeline before the next starts)."""
+        extent = ob if extent is None else extent
         rows = [dim("node", self.n, dst=ob, src=ib, wgt=node_wgt),
-                dim("ob", ob, dst=1, wgt=ib)]
+                dim("ob", extent, dst=1, wgt=ib)]
         distance = timing.gemm_hazard_distance()
-        if self.n * ob >= distance:
+        if self.n * extent >= distance:
             nests = [(rows + [dim("ib", ib, src=1, wgt=1)], base)]
         else:
             nests = [(rows, (base[0], base[1] + k, base[2] + k)) for k in range(ib)]
