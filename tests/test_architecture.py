@@ -190,7 +190,7 @@ def test_no_function_a_reader_must_scroll():
 def test_documented_paths_exist(doc):
     """Every ``folder/.../file.py`` path the map names exists."""
     text = (ROOT / doc).read_text()
-    paths = set(re.findall(r"`((?:compiler|sim|runtime|hw|bitstreams|tessera|tests|benchmarks)"
+    paths = set(re.findall(r"`((?:compiler|sim|runtime|recursive|hw|bitstreams|tessera|tests|benchmarks)"
                            r"/[\w/.-]*)`", text))
     missing = sorted(p for p in paths if not (ROOT / p.rstrip("/")).exists())
     assert not missing, f"{doc} names paths that do not exist: {missing}"
