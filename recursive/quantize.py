@@ -131,7 +131,30 @@ def assign_scales(cell: Cell, peaks: dict[int, float], input_scale: float) -> di
             scales[e.uid] = scales[e.args[0].uid]
         else:
             scales[e.uid] = _scale(peaks.get(e.uid, 0.0))
+    _share_sum_scales(cell, scales, set(state_of))
     return scales
+
+
+#: Operations whose output scale is free (it only sets their final REQUANT).
+_FREE_SCALE = ("linear", "mul", "add", "sub", "rescale", "matvec")
+
+
+def _share_sum_scales(cell: Cell, scales: dict[int, float], states: set[int]) -> None:
+    """An operand of ``+``/``-`` read by nothing else, with a free scale no coarser than
+    the sum's, takes the sum's scale: its REQUANT then lands on the sum's grid at once
+    (one rounding instead of two) and the sum's own rescale of it is the identity, which
+    the accelerator skips. Consumers first, so a chain of sums shares one scale."""
+    readers: dict[int, int] = {}
+    for e in cell.exprs:
+        for a in e.args:
+            readers[a.uid] = readers.get(a.uid, 0) + 1
+    for e in reversed(cell.exprs):
+        if e.op not in ("add", "sub"):
+            continue
+        for a in e.args:
+            if (a.op in _FREE_SCALE and readers[a.uid] == 1 and a.uid not in states
+                    and scales[a.uid] <= scales[e.uid]):
+                scales[a.uid] = scales[e.uid]
 
 
 def _quantize_linear(q: QuantizedCell, e: Expr) -> None:

@@ -407,16 +407,23 @@ class TemplateBuilder(MatrixLowering):
 
     _key = staticmethod(matrix_key)
 
-    def _emit_alu(self, v: Value, base: int, acc: _Acc) -> None:
+    def _emit_alu(self, v: Value, base: int, acc: _Acc, *, in_place: bool) -> None:
+        """``v`` on the ALU into ``base``; ``in_place``: ``base`` already holds the first
+        operand (its rows, which nothing else reads, became ``v``'s)."""
         rows, plans = self.rows(v), self.plans[id(v)]
-        self._rows_op("MOV", base, self.acc_of[id(v.args[0])], rows, v)
+        if not in_place:
+            self._rows_op("MOV", base, self.acc_of[id(v.args[0])], rows, v)
         if v.op in ("add", "sub"):
             self._apply_plan(plans[0], v, base)
-            tmp = acc.take(rows, f"{self.name}: {v.label}")
-            self._rows_op("MOV", tmp, self.acc_of[id(v.args[1])], rows, v)
-            self._apply_plan(plans[1], v, tmp)
-            self._rows_op(v.op.upper(), base, tmp, rows, v)
-            acc.give(tmp, rows)
+            other = self.acc_of[id(v.args[1])]
+            if plans[1].steps:           # the second operand rescaled in scratch rows
+                tmp = acc.take(rows, f"{self.name}: {v.label}")
+                self._rows_op("MOV", tmp, other, rows, v)
+                self._apply_plan(plans[1], v, tmp)
+                self._rows_op(v.op.upper(), base, tmp, rows, v)
+                acc.give(tmp, rows)
+            else:
+                self._rows_op(v.op.upper(), base, other, rows, v)
         elif v.op == "mul":
             self._rows_op("MUL", base, self.acc_of[id(v.args[1])], rows, v)
         self._apply_plan(plans[-1], v, base)
@@ -442,7 +449,10 @@ class TemplateBuilder(MatrixLowering):
             if v.rows > 1 and v.kind != "gather":
                 self._emit_matrix(v, acc, inp)
             elif v.kind != "gather":
-                base = self.acc_of[id(v)] = acc.take(self.rows(v), f"{self.name}: {v.label}")
+                in_place = self._takes_over(v, stored)
+                base = self.acc_of[id(v)] = (
+                    self.acc_of.pop(id(v.args[0])) if in_place
+                    else acc.take(self.rows(v), f"{self.name}: {v.label}"))
                 if v.kind == "matvec":
                     self.emit_matvec(v, base)
                 elif v.kind == "const":
@@ -450,7 +460,7 @@ class TemplateBuilder(MatrixLowering):
                 elif v.kind == "linear":
                     self._emit_linear(v, base)
                 else:
-                    self._emit_alu(v, base, acc)
+                    self._emit_alu(v, base, acc, in_place=in_place)
                 if self._spilled(v):
                     self._spill(v, scratch, inp)
             for a in v.args:
@@ -459,6 +469,16 @@ class TemplateBuilder(MatrixLowering):
                     for regions in (self.acc_of, self.acc_t):
                         if id(a) in regions:
                             acc.give(regions[id(a)], self.rows(a))
+
+    def _takes_over(self, v: Value, stored: set[int]) -> bool:
+        """Whether ALU value ``v`` can compute in its first operand's rows: ``v`` is that
+        operand's only reader (so its rows are free after) and the operand is no state."""
+        if v.kind != "alu" or not v.args:
+            return False
+        a = v.args[0]
+        return (id(a) in self.acc_of and id(a) not in stored and a.rows == 1
+                and all(r is v for r in self.readers[id(a)]) and not self._gemm_read(a)
+                and all(b is not a for b in v.args[1:]))
 
     def _emit_matrix(self, v: Value, acc: _Acc, inp: list[int]) -> None:
         """A matrix value: both orientations' rows, from its composition or constant."""
