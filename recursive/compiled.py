@@ -103,6 +103,8 @@ class RecursiveModel:
     _templates: dict[tuple[str, int], Template] = field(default_factory=dict)
     _capacity: dict[str, int] = field(default_factory=dict)
     _blocks: dict[str, Template] = field(default_factory=dict)
+    #: Per device (by id): the model's segments already written to it (:func:`.run.run`).
+    device_buffers: dict[int, dict] = field(default_factory=dict, repr=False)
 
     # ------------------------------------------------------------ templates
     def template(self, variant: Variant, n: int) -> Template:

@@ -2,10 +2,12 @@
 
 Every launch goes through the Device API (the DMA firewall checks each stream before it
 starts) on any backend -- ``sim``, ``rtl``, or ``pynq`` (a board, or the simulated one in
-tests). The programs of one run share their buffers: the first launch writes every
-segment (weights, templates, input matrix, zeroed state arrays), later launches of a
-``"batch"`` or ``"node"`` run only their own instruction stream, so the children's states
-one launch stores stay in device memory for the next (as a framework's would).
+tests). The model's segments (weights, the templates' uops, parameters and tables, the
+embeddings) are written to a device once and stay there across runs (model
+persistence); a run writes its zeroed state arrays (and its own input matrix, if it
+gives one) and an instruction stream per launch. The launches of a ``"batch"`` or
+``"node"`` run share those buffers, so the children's states one launch stores stay in
+device memory for the next (as a framework's would).
 """
 from __future__ import annotations
 
@@ -106,26 +108,51 @@ def read_states(model: RecursiveModel, layout: Layout, lin: Linearized,
     return out
 
 
+def _buffers(model: RecursiveModel, dev: Device, program: Program, resident: set[str]
+             ) -> tuple[dict[str, DeviceBuffer], list[DeviceBuffer]]:
+    """A buffer per segment of ``program``: the model's own segments (``resident``) stay on
+    the device across runs (written once: model persistence), the run's are new. Returns
+    every buffer and the run's (to free)."""
+    kept = model.device_buffers.setdefault(id(dev), {})
+    buffers, fresh = {}, []
+    for seg in program.segments:
+        buf = kept.get(seg.name) if seg.name in resident else None
+        if buf is None or not buf.live or buf.size != seg.size:
+            buf = dev.allocate(seg.size, seg.name)
+            buf.write(seg.data)
+            if seg.name in resident:
+                kept[seg.name] = buf
+            else:
+                fresh.append(buf)
+        buffers[seg.name] = buf
+    return buffers, fresh
+
+
 def run(model: RecursiveModel, structures: Sequence[object], inputs: np.ndarray | None = None,
         *, device: Device | None = None, backend: str = "sim", launches: str = "tree"
         ) -> RecursiveResult:
     """Run ``structures`` (see :func:`~.structure.linearize` for the forms) on ``device``
     (default: a new one of ``backend`` for the model's config). ``inputs``: the float
-    matrix whose rows the nodes' input indices select (default the model's embeddings).
-    ``launches``: ``"tree"`` (one program), ``"batch"`` or ``"node"`` (baselines)."""
+    matrix whose rows the nodes' input indices select (default the model's embeddings,
+    kept on the device with the weights). ``launches``: ``"tree"`` (one program),
+    ``"batch"`` or ``"node"`` (baselines)."""
     lin, programs, layout, host = prepare(model, structures, inputs, launches)
+    resident = {s.name for s in programs[0].segments
+                if not s.name.startswith(("state:", "scratch"))
+                and (s.name != "input" or inputs is None)}
     own = device is None
     dev = open_device(backend, model.config) if own else device
     try:
-        loaded = dev.load(programs[0])
+        buffers, fresh = _buffers(model, dev, programs[0], resident)
         try:
-            cycles = [loaded.run(read=[]).cycles]
-            cycles += [_launch(dev, p, loaded.buffers) for p in programs[1:]]
-            states = read_states(model, layout, lin, lambda n: loaded.buffers[n].read())
+            cycles = [_launch(dev, p, buffers) for p in programs]
+            states = read_states(model, layout, lin, lambda n: buffers[n].read())
         finally:
-            loaded.free()
+            for buf in fresh:
+                buf.free()
     finally:
         if own:
             dev.close()
+            model.device_buffers.pop(id(dev), None)
     out = model.quantized.dequantize(model.cell.output, states[model.cell.output][lin.roots])
     return RecursiveResult(out, states, lin, cycles, host)
