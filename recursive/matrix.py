@@ -70,6 +70,14 @@ class MatrixLowering:
         if v.rows % b or v.width % b:
             raise CompileError(f"{self.name}: the {v.rows}x{v.width} matrix {v.label} must be "
                                f"a multiple of the {b}-lane block in both dimensions")
+        need = 2 * v.rows * v.width // b
+        if need > self.c.acc_depth // 2:
+            raise CompileError(
+                f"{self.name}: one node's {v.rows}x{v.width} matrix {v.label} takes {need} "
+                f"accumulator rows in its two orientations; config {self.c.name!r} has "
+                f"{self.c.acc_depth} (rows are not tiled): use a hidden size of at most "
+                f"{int((self.c.acc_depth * b / 4) ** 0.5) // b * b} or a config with a larger "
+                "accumulator (acc_depth)")
 
     def tiles(self, v: Value) -> int:
         """Weight tiles of one node's matrix ``v``."""

@@ -287,6 +287,7 @@ class TemplateBuilder(MatrixLowering):
                 chunks.append(data)
                 at += data.shape[0]
             if v.rows > 1:
+                self.check_matrix(v)
                 self.matrix_rows_at[id(v)] = []
                 for rows in self.matrix_params(v):
                     self.matrix_rows_at[id(v)].append(at)
