@@ -12,9 +12,12 @@ The chunk's data path, per :class:`~.specialize.Value` in order:
 
 * gathers: ``LOAD inp`` for rows a GEMM reads, ``LOAD acc8`` for rows the ALU reads;
 * a linear map: its rows start at the bias (ALU MOV), one GEMM per term (weights
-  resident, :class:`WeightPlan`), then REQUANT and either the fused LUT or a clamp;
-* an ALU operation: MOV of the first operand, the op with the second (rescaled into a
-  scratch region for ``+``/``-``), REQUANT, clamp; sigmoid/tanh: MOV and LUT;
+  resident, or streamed through the buffer when they do not fit: :class:`WeightPlan`),
+  then REQUANT and either the fused LUT or a clamp;
+* an ALU operation: in place of its first operand when nothing else reads that (else a
+  MOV of it), the op with the second (rescaled into scratch rows for ``+``/``-`` unless
+  it shares the sum's scale), REQUANT, clamp; sigmoid/tanh: MOV and LUT;
+* matrix values (MV-RNN): :mod:`.matrix`;
 * a computed value a GEMM reads is stored to ``scratch`` and loaded into the input
   buffer (there is no on-chip path from the accumulator to the GEMM's input);
 * each state's rows are stored at the end.
@@ -75,8 +78,7 @@ class Reloc:
 
     kind: str          # "model" | "gather" | "rows" | "scratch"
     segment: str       # model: run segment name; gather: "input" or a state; rows: state
-    offset: int = 0    # element offset inside the segment (model, scratch)
-    row_elems: int = 0
+    offset: int = 0    # element offset inside the segment (model, scratch); gather: slot
 
 
 @dataclass(frozen=True)
@@ -109,16 +111,11 @@ class Template:
     #: table memory at once).
     resident: frozenset[int] = frozenset()
 
-    @property
-    def key(self) -> str:
-        return f"{self.variant.key}.n{self.n}"
-
 
 class _Acc:
     """First-fit allocation of accumulator rows below ``limit``."""
 
     def __init__(self, limit: int) -> None:
-        self.limit = limit
         self.free: list[tuple[int, int]] = [(0, limit)]
         self.peak = 0
 
