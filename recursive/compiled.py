@@ -15,13 +15,14 @@ differ.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 
 from tessera.config import HwConfig, get_config
-from tessera.errors import CompileError
+from tessera.errors import PYTHON, CompileError
 from tessera.isa import Program
 from tessera.compiler.accel.layout import pack_weights
 
@@ -100,11 +101,21 @@ class RecursiveModel:
     #: The float input matrix the nodes' input indices select rows of when a run gives
     #: none (a vocabulary's embeddings), kept with the model.
     embeddings: np.ndarray | None = None
+    _embeddings_q: np.ndarray | None = field(default=None, repr=False)
     _templates: dict[tuple[str, int], Template] = field(default_factory=dict)
     _capacity: dict[str, int] = field(default_factory=dict)
     _blocks: dict[str, Template] = field(default_factory=dict)
-    #: Per device (by id): the model's segments already written to it (:func:`.run.run`).
-    device_buffers: dict[int, dict] = field(default_factory=dict, repr=False)
+    #: Per device: the model's segments already written to it (:func:`.run.run`); a
+    #: device that is gone drops out.
+    device_buffers: weakref.WeakKeyDictionary = field(
+        default_factory=weakref.WeakKeyDictionary, repr=False)
+
+    @property
+    def embeddings_q(self) -> np.ndarray | None:
+        """The embeddings in int8 (quantized once)."""
+        if self._embeddings_q is None and self.embeddings is not None:
+            self._embeddings_q = self.quantized.quantize_inputs(self.embeddings)
+        return self._embeddings_q
 
     # ------------------------------------------------------------ templates
     def template(self, variant: Variant, n: int) -> Template:
@@ -119,7 +130,14 @@ class RecursiveModel:
     def capacity(self, variant: Variant) -> int:
         """Most nodes one chunk of ``variant`` computes on this config."""
         if variant.key not in self._capacity:
-            one = self.template(variant, 1).footprint
+            try:
+                one = self.template(variant, 1).footprint
+            except CompileError as exc:
+                raise CompileError(
+                    f"{self.cell.name} does not fit config {self.config.name!r} even one node "
+                    f"per chunk ({variant.key} nodes): {exc}",
+                    fix={PYTHON: "use a smaller hidden size, or a config with larger buffers "
+                                 "(compile_recursive(cell, config=...))"}) from None
             room = self.config.acc_depth - one.param_rows
             n = min(MAX_CHUNK, room // max(1, one.acc_rows),
                     self.config.inp_depth // max(1, one.inp_entries))
@@ -131,6 +149,16 @@ class RecursiveModel:
                     n //= 2
             self._capacity[variant.key] = max(1, n)
         return self._capacity[variant.key]
+
+    def sizes(self, variant: Variant) -> list[int]:
+        """The chunk sizes of ``variant``: its capacity and the powers of two below, every
+        template compiled when the variant is first met -- so a new batch of structures
+        compiles nothing, whatever its batches' sizes."""
+        cap = self.capacity(variant)
+        offered = sorted({cap} | {1 << k for k in range(cap.bit_length()) if 1 << k < cap})
+        for n in offered:
+            self.template(variant, n)
+        return offered
 
     def weight_block(self, key: str) -> Template:
         if key not in self._blocks:
@@ -148,7 +176,7 @@ class RecursiveModel:
         if launches == "node":
             return [[Chunk(batch_variant(lin, i, i + 1), i, i + 1)]
                     for i in range(lin.num_nodes)]
-        chunks = plan_chunks(lin, self.capacity)
+        chunks = plan_chunks(lin, self.sizes)
         if launches == "tree":
             return [chunks]
         groups: dict[int, list[Chunk]] = {}
@@ -206,6 +234,54 @@ class RecursiveModel:
         return out
 
 
+def check_matrix(cell: Cell, matrix, error: type, where: str) -> np.ndarray:
+    """``matrix`` as a float input matrix of ``cell`` (numeric, one row of width
+    ``cell.embed`` per input index, finite); else ``error`` naming ``where``."""
+    try:
+        m = np.asarray(matrix, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise error(f"{cell.name} ({where}): the input matrix is not numeric") from None
+    if m.ndim != 2 or m.shape[1] != cell.embed:
+        raise error(f"{cell.name} ({where}): the input matrix has shape {m.shape}; each row "
+                    f"must be one node input of width {cell.embed}")
+    if not np.all(np.isfinite(m)):
+        raise error(f"{cell.name} ({where}): the input matrix holds NaN or infinite values "
+                    f"(row {int(np.flatnonzero(~np.isfinite(m).all(axis=1))[0])})")
+    return m
+
+
+def check_rows(cell: Cell, lin: Linearized, rows: int | None, error: type, where: str,
+               missing: str = "") -> None:
+    """Every input index of ``lin`` selects one of ``rows`` rows (``None``: no matrix, a
+    ``missing`` matrix: what to pass)."""
+    used = np.flatnonzero(lin.inputs >= 0)
+    if not cell.embed or not used.size:
+        return
+    if rows is None:
+        raise error(f"{cell.name} ({where}): the structures' nodes read inputs but there is "
+                    "no input matrix", fix={PYTHON: missing or "pass the float input matrix "
+                                                               "(one row per input index)"})
+    past = used[lin.inputs[used] >= rows]
+    if past.size:
+        i = int(past[0])
+        raise error(f"{cell.name} ({where}): node {int(lin.source_index[i])} of structure "
+                    f"{int(lin.structure[i])} reads input row {int(lin.inputs[i])} but the "
+                    f"input matrix has {rows} rows")
+
+
+def input_matrix(cell: Cell, lin: Linearized, matrix, error: type, where: str,
+                 missing: str = "") -> np.ndarray | None:
+    """``matrix`` checked as the float input matrix the nodes of ``lin`` read rows of
+    (``None`` when the cell reads no input: the structures' input indices are ignored);
+    problems raise ``error`` (CompileError while calibrating, RunError on a run), naming
+    ``where``, the structure and the node."""
+    if not cell.embed:
+        return None
+    m = None if matrix is None else check_matrix(cell, matrix, error, where)
+    check_rows(cell, lin, None if m is None else m.shape[0], error, where, missing)
+    return m
+
+
 def compile_recursive(cell: Cell, config: str | HwConfig | None = None, *,
                       calibration: Sequence[tuple[Sequence[object], np.ndarray | None]],
                       embeddings: np.ndarray | None = None) -> RecursiveModel:
@@ -213,8 +289,15 @@ def compile_recursive(cell: Cell, config: str | HwConfig | None = None, *,
     the matrix ``None`` to use ``embeddings``) and prepare it for ``config``."""
     cfg = get_config(config)
     _check_config(cfg)
-    samples = [(linearize(s, kind=cell.kind, max_children=cell.max_children),
-                embeddings if x is None else x) for s, x in calibration]
+    if embeddings is not None and cell.embed:
+        embeddings = check_matrix(cell, embeddings, CompileError, "embeddings")
+    samples = []
+    for k, (structures, x) in enumerate(calibration):
+        lin = linearize(structures, kind=cell.kind, max_children=cell.max_children)
+        samples.append((lin, input_matrix(
+            cell, lin, embeddings if x is None else x, CompileError, f"calibration batch {k}",
+            "give each calibration batch its input matrix, calibration=[(structures, "
+            "matrix)], or the model's embeddings=")))
     q = quantize_cell(cell, samples)
     specs = {v.key: specialize(q, v) for v in VARIANTS}
     return RecursiveModel(cell, q, cfg, specs, plan_weights(cfg, specs), embeddings)

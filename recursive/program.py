@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tessera.config import HwConfig
-from tessera.isa import Finish, Gemm, Instruction, Load, MemType, Program
+from tessera.isa import Finish, Gemm, Instruction, Load, MemType, Program, module_of
 from tessera.compiler.accel.emit import Emitter, Place
 from tessera.compiler.accel.sync import insert_dependency_tokens
 
@@ -57,15 +57,20 @@ def batch_variant(lin, start: int, end: int) -> Variant:
                    bool(np.any(lin.inputs[start:end] >= 0)))
 
 
-def plan_chunks(lin, capacity) -> list[Chunk]:
-    """Every batch cut into chunks of at most ``capacity(variant)`` nodes, in order."""
+def plan_chunks(lin, sizes) -> list[Chunk]:
+    """Every batch cut into chunks of the sizes ``sizes(variant)`` offers (ascending, the
+    largest the variant's capacity): full chunks first -- consecutive chunks of one
+    template keep its tables, parameters and uops on chip (``Template.resident``) --
+    then the rest in the largest sizes that fit."""
     chunks = []
     for start, end in lin.batches:
         variant = batch_variant(lin, start, end)
-        size = capacity(variant)
-        # Full chunks first: consecutive chunks of one template keep its tables,
-        # parameters and uops on chip (Template.resident).
-        chunks += [Chunk(variant, a, min(a + size, end)) for a in range(start, end, size)]
+        offered = sizes(variant)
+        at = start
+        while at < end:
+            n = max(s for s in offered if s <= end - at)
+            chunks.append(Chunk(variant, at, at + n))
+            at += n
     return chunks
 
 
@@ -167,15 +172,19 @@ def instantiate(t: Template, chunk: Chunk | None, lin, layout: Layout, *,
 
 
 def join(blocks_: list[list[Instruction]]) -> list[Instruction]:
-    """Standalone programs (each ending with its FINISH) as one, behind barriers."""
+    """Standalone programs (each ending with its FINISH) as one, behind barriers. A
+    program with no load-module instruction needs no load-side half: nothing of it
+    could run ahead of the program before (and a later program's barrier covers it)."""
     out: list[Instruction] = []
     for k, block in enumerate(blocks_):
         *body, finish = block
         out += body
         if k + 1 < len(blocks_):
+            loads = any(module_of(i) == "load" for i in blocks_[k + 1])
             out.append(Gemm(uop_begin=0, uop_end=0, pop_prev=finish.pop_prev,
-                            pop_next=finish.pop_next, push_prev=True))
-            out.append(Load(mem=MemType.INP, x_size=0, pop_next=True))
+                            pop_next=finish.pop_next, push_prev=loads))
+            if loads:
+                out.append(Load(mem=MemType.INP, x_size=0, pop_next=True))
         else:
             out.append(finish)
     assert isinstance(out[-1], Finish)

@@ -17,13 +17,13 @@ from typing import Sequence
 
 import numpy as np
 
-from tessera.errors import RunError
+from tessera.errors import DeviceError, RunError
 from tessera.isa import Program
 from tessera.runtime import open_device
 from tessera.runtime.device import Device, DeviceBuffer
 from tessera.runtime.firewall import relocate
 
-from .compiled import RecursiveModel
+from .compiled import RecursiveModel, check_rows, input_matrix
 from .matrix import untiled
 from .program import Layout
 from .structure import Linearized
@@ -51,22 +51,12 @@ class RecursiveResult:
 def _inputs(model: RecursiveModel, lin: Linearized, inputs: np.ndarray | None
             ) -> np.ndarray | None:
     """The int8 input matrix of a run (the model's embeddings when none is given)."""
-    matrix = model.embeddings if inputs is None else inputs
-    used = lin.inputs[lin.inputs >= 0]
-    if matrix is None:
-        if used.size:
-            raise RunError(f"{model.cell.name}: the structures' nodes read inputs but no input "
-                           "matrix was given and the model has no embeddings",
-                           fix={"python": "pass inputs=<float matrix, one row per input index>"})
-        return None
-    matrix = np.asarray(matrix, dtype=np.float64)
-    if matrix.ndim != 2 or matrix.shape[1] != model.cell.embed:
-        raise RunError(f"{model.cell.name}: the input matrix has shape {matrix.shape}; each row "
-                       f"must be one node input of width {model.cell.embed}")
-    if used.size and used.max() >= matrix.shape[0]:
-        raise RunError(f"{model.cell.name}: a node reads input row {int(used.max())} but the "
-                       f"input matrix has {matrix.shape[0]} rows")
-    return model.quantized.quantize_inputs(matrix)
+    if inputs is None and model.embeddings is not None and model.cell.embed:
+        check_rows(model.cell, lin, model.embeddings.shape[0], RunError, "run")
+        return model.embeddings_q
+    matrix = input_matrix(model.cell, lin, inputs, RunError, "run", (
+        "pass inputs=<float matrix, one row per input index> (the model has no embeddings)"))
+    return None if matrix is None else model.quantized.quantize_inputs(matrix)
 
 
 def prepare(model: RecursiveModel, structures: Sequence[object],
@@ -113,7 +103,7 @@ def _buffers(model: RecursiveModel, dev: Device, program: Program, resident: set
     """A buffer per segment of ``program``: the model's own segments (``resident``) stay on
     the device across runs (written once: model persistence), the run's are new. Returns
     every buffer and the run's (to free)."""
-    kept = model.device_buffers.setdefault(id(dev), {})
+    kept = model.device_buffers.setdefault(dev, {})
     buffers, fresh = {}, []
     for seg in program.segments:
         buf = kept.get(seg.name) if seg.name in resident else None
@@ -141,6 +131,10 @@ def run(model: RecursiveModel, structures: Sequence[object], inputs: np.ndarray 
                 if not s.name.startswith(("state:", "scratch"))
                 and (s.name != "input" or inputs is None)}
     own = device is None
+    if not own and device.config != model.config:
+        raise DeviceError(f"{model.cell.name} was compiled for config {model.config.name!r}; "
+                          f"the device runs {device.config.name!r}: compile it for "
+                          f"{device.config.name!r} or open a device for {model.config.name!r}")
     dev = open_device(backend, model.config) if own else device
     try:
         buffers, fresh = _buffers(model, dev, programs[0], resident)
@@ -153,6 +147,5 @@ def run(model: RecursiveModel, structures: Sequence[object], inputs: np.ndarray 
     finally:
         if own:
             dev.close()
-            model.device_buffers.pop(id(dev), None)
     out = model.quantized.dequantize(model.cell.output, states[model.cell.output][lin.roots])
     return RecursiveResult(out, states, lin, cycles, host)

@@ -164,6 +164,7 @@ def _fuse_activations(values: list[Value], states: dict[str, Value]) -> None:
         if v.kind != "alu" or v.op not in ("sigmoid", "tanh"):
             continue
         lin = v.args[0]
-        if lin.kind == "linear" and readers.get(id(lin)) == 1 and id(lin) not in stored:
+        if (lin.kind == "linear" and lin.table is None and readers.get(id(lin)) == 1
+                and id(lin) not in stored):
             v.kind, v.args, v.terms = "linear", lin.args, lin.terms
             v.bias, v.multipliers = lin.bias, lin.multipliers
