@@ -162,21 +162,20 @@ def relu(x: Expr) -> Expr:
     return _unary("relu", x)
 
 
-def topological(roots: list[Expr]) -> list[Expr]:
-    """Every expression ``roots`` depend on, each after its arguments (iterative)."""
-    order: list[Expr] = []
-    seen: set[int] = set()
-    stack: list[tuple[Expr, bool]] = [(r, False) for r in reversed(roots)]
+def topological(roots: list, key=lambda x: x.uid) -> list:
+    """Every node ``roots`` depend on through ``.args``, each once and after its arguments
+    (iterative; ``key`` tells nodes apart: an expression's uid by default)."""
+    order: list = []
+    seen: set = set()
+    stack: list = [(r, False) for r in reversed(roots)]
     while stack:
         e, ready = stack.pop()
         if ready:
             order.append(e)
-            continue
-        if e.uid in seen:
-            continue
-        seen.add(e.uid)
-        stack.append((e, True))
-        stack.extend((a, False) for a in reversed(e.args) if a.uid not in seen)
+        elif key(e) not in seen:
+            seen.add(key(e))
+            stack.append((e, True))
+            stack.extend((a, False) for a in reversed(e.args) if key(a) not in seen)
     return order
 
 

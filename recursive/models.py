@@ -56,17 +56,22 @@ def _build(model: str, weights, seed: int, body: Callable[[_Params], Cell]) -> C
     return cell
 
 
-def tree_fc(hidden: int = 256, embed: int = 256, *, max_children: int = 2,
-            weights: Mapping[str, np.ndarray] | None = None, seed: int = 0) -> Cell:
-    """TreeFC: ``h = tanh(W x + sum_k U_k h_k + b)``, each child slot its own ``U_k``.
-    Weights ``W``, ``U0``.. ``U{K-1}``, ``b``."""
+def _slot_fc(name: str, kind: str, hidden: int, embed: int, max_children: int,
+             weights: Mapping[str, np.ndarray] | None, seed: int) -> Cell:
+    """``h = tanh(W x + sum_k U_k h_k + b)``, each child slot its own ``U_k``."""
     def body(p: _Params) -> Cell:
         x = node_input(embed)
         terms = [(p("W", hidden, embed), x)] + [
             (p(f"U{k}", hidden, hidden), child("h", k, hidden)) for k in range(max_children)]
-        return Cell("TreeFC", "tree", max_children,
-                    {"h": tanh(linear(*terms, bias=p("b", hidden)))})
-    return _build("TreeFC", weights, seed, body)
+        return Cell(name, kind, max_children, {"h": tanh(linear(*terms, bias=p("b", hidden)))})
+    return _build(name, weights, seed, body)
+
+
+def tree_fc(hidden: int = 256, embed: int = 256, *, max_children: int = 2,
+            weights: Mapping[str, np.ndarray] | None = None, seed: int = 0) -> Cell:
+    """TreeFC: ``h = tanh(W x + sum_k U_k h_k + b)``, each child slot its own ``U_k``.
+    Weights ``W``, ``U0``.. ``U{K-1}``, ``b``."""
+    return _slot_fc("TreeFC", "tree", hidden, embed, max_children, weights, seed)
 
 
 def tree_rnn(hidden: int = 256, embed: int = 256, *, max_children: int = 2,
@@ -149,13 +154,7 @@ def dag_rnn(hidden: int = 256, embed: int = 256, *, max_children: int = 2,
             weights: Mapping[str, np.ndarray] | None = None, seed: int = 0) -> Cell:
     """DAG-RNN (Shuai et al. 2016) over an image grid: ``h = tanh(W x + sum_k U_k h_k + b)``
     with one ``U_k`` per predecessor direction. Weights ``W``, ``U0``.., ``b``."""
-    def body(p: _Params) -> Cell:
-        x = node_input(embed)
-        terms = [(p("W", hidden, embed), x)] + [
-            (p(f"U{k}", hidden, hidden), child("h", k, hidden)) for k in range(max_children)]
-        return Cell("DAG-RNN", "dag", max_children,
-                    {"h": tanh(linear(*terms, bias=p("b", hidden)))})
-    return _build("DAG-RNN", weights, seed, body)
+    return _slot_fc("DAG-RNN", "dag", hidden, embed, max_children, weights, seed)
 
 
 def mv_rnn(hidden: int = 64, embed: int = 64, *,

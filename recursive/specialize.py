@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .cell import Expr
+from .cell import Expr, topological
 from .quantize import QuantizedCell
 from .reference import value_shape
 
@@ -138,18 +138,7 @@ def specialize(q: QuantizedCell, variant: Variant) -> Specialized:
 
 def _reachable(roots: list[Value]) -> list[Value]:
     """Values ``roots`` depend on, arguments first, each once."""
-    order: list[Value] = []
-    seen: set[int] = set()
-    stack: list[tuple[Value, bool]] = [(r, False) for r in reversed(roots)]
-    while stack:
-        v, ready = stack.pop()
-        if ready:
-            order.append(v)
-        elif id(v) not in seen:
-            seen.add(id(v))
-            stack.append((v, True))
-            stack.extend((a, False) for a in reversed(v.args) if id(a) not in seen)
-    return order
+    return topological(roots, key=id)
 
 
 def _fuse_activations(values: list[Value], states: dict[str, Value]) -> None:

@@ -13,13 +13,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tessera.config import PRESETS
-from tessera.recursive import compile_recursive, reference_int8, run
+from tessera.recursive import reference_int8, run
 from tessera.runtime import open_device
 from tessera.sim import simulate
 
 from tests.programs import CONTENTION_TOLERANCE
 from tests.recursive.test_models import (CASES, assert_matches_reference, compiled,
-                                         int8_inputs)
+                                         int8_inputs, random_cell_model)
 from tests.recursive.test_quantize import random_cells
 
 TINY = PRESETS["tiny"]
@@ -135,15 +135,8 @@ def test_explicit_inputs_and_the_resident_embeddings_alternate(dev):
 @given(random_cells(), st.integers(0, 1000))
 def test_random_cells_agree_with_the_simulator_on_the_rtl(rtl_device, cell, seed):
     """Cells drawn from the vocabulary on the Verilator model: data and cycles."""
-    device = rtl_device
-    k = cell.max_children
-    if cell.embed:
-        trees = [tuple(range(1, k + 1)), (tuple(range(1, k + 1)),), ((None,),), 6]
-        emb = np.random.default_rng(seed).standard_normal((8, cell.embed))
-    else:
-        trees, emb = [(None,) * k, ((None,) * k,), ((None,),), None], None
-    model = compile_recursive(cell, TINY, calibration=[(trees, None)], embeddings=emb)
+    model, trees = random_cell_model(cell, seed, TINY)
     for launches in ("tree", "batch"):
-        result = run(model, trees, device=device, launches=launches)
+        result = run(model, trees, device=rtl_device, launches=launches)
         assert_matches_reference(model, result)
         assert_same_cycles(result.cycles, simulator_cycles(model, result.lin, launches), "rtl")

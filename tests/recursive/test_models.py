@@ -340,18 +340,24 @@ def test_random_tree_batches_make_programs_the_token_verifier_accepts(batch, lau
     _verify_all(gru3(), batch, launches)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(random_cells(), st.integers(0, 1000))
-def test_random_cells_run_bit_identical_in_one_launch(cell, seed):
-    """Cells drawn from the vocabulary (every op, shared sub-expressions, constants after
-    folding, GEMMs reading computed values) on trees with every variant of node."""
+def random_cell_model(cell: Cell, seed: int, config):
+    """A random cell compiled for ``config`` and trees with every variant of node (leaves
+    and internal nodes, with and without inputs) for it."""
     k = cell.max_children
     if cell.embed:
         trees = [tuple(range(1, k + 1)), (tuple(range(1, k + 1)),), ((None,),), 6]
         emb = np.random.default_rng(seed).standard_normal((8, cell.embed))
     else:
         trees, emb = [(None,) * k, ((None,) * k,), ((None,),), None], None
-    model = compile_recursive(cell, CONFIG, calibration=[(trees, None)], embeddings=emb)
+    return compile_recursive(cell, config, calibration=[(trees, None)], embeddings=emb), trees
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_cells(), st.integers(0, 1000))
+def test_random_cells_run_bit_identical_in_one_launch(cell, seed):
+    """Cells drawn from the vocabulary (every op, shared sub-expressions, constants after
+    folding, GEMMs reading computed values) on trees with every variant of node."""
+    model, trees = random_cell_model(cell, seed, CONFIG)
     for launches in ("tree", "batch"):
         result = run(model, trees, launches=launches)
         assert result.launches == (1 if launches == "tree" else len(result.lin.batches))
