@@ -14,3 +14,15 @@ def rtl_sim(config: HwConfig):
 
     return RtlSim(config)
 
+
+
+def open_backend(backend: str, config: HwConfig):
+    """A device of ``backend`` for the one-test-many-backends suites: ``sim``, ``rtl``, or
+    ``pynq`` -- the simulated PYNQ board (the real pynq API) driving the Verilator model."""
+    if backend == "pynq":
+        from tessera.runtime.pynq_sim import open_simulated_pynq
+
+        return open_simulated_pynq(config, model="rtl")
+    from tessera.runtime import open_device
+
+    return open_device(backend, config)

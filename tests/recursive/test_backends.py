@@ -21,18 +21,14 @@ from tests.programs import CONTENTION_TOLERANCE
 from tests.recursive.test_models import (CASES, assert_matches_reference, compiled,
                                          int8_inputs, random_cell_model)
 from tests.recursive.test_quantize import random_cells
+from tests.rtl import open_backend
 
 TINY = PRESETS["tiny"]
 
 
 @pytest.fixture(scope="module", params=["sim", "rtl", "pynq"])
 def device(request):
-    if request.param == "pynq":
-        from tessera.runtime.pynq_sim import open_simulated_pynq
-
-        dev = open_simulated_pynq(TINY, model="rtl")
-    else:
-        dev = open_device(request.param, TINY)
+    dev = open_backend(request.param, TINY)
     yield dev
     dev.close()
 

@@ -25,7 +25,7 @@ from tessera.recursive import template as template_module
 from tessera.recursive.specialize import Variant
 
 from tests.recursive.test_quantize import nested_activations, random_cells
-from tests.recursive.test_structure import dags
+from tests.recursive.test_structure import dags, input_trees, nested_trees
 
 CONFIG = "tiny"
 VOCAB = 32
@@ -299,18 +299,14 @@ leaf_inputs = st.one_of(st.integers(0, VOCAB - 1), st.none())
 
 
 def random_trees(k: int):
-    """Nested tuples up to ~15 leaves, 1..k children per internal node, leaves with or
+    """Nested tuples up to 15 leaves, 1..k children per internal node, leaves with or
     without an input."""
-    return st.recursive(leaf_inputs, lambda kids: st.lists(kids, min_size=1, max_size=k)
-                        .map(tuple), max_leaves=15)
+    return nested_trees(k, leaf_inputs, max_leaves=15)
 
 
 def random_input_trees(k: int):
     """Trees whose internal nodes may carry inputs (``Tree`` nodes) mixed with tuples."""
-    leaf = st.one_of(leaf_inputs, st.builds(Tree, leaf_inputs))
-    return st.recursive(leaf, lambda kids: st.one_of(
-        st.builds(Tree, leaf_inputs, st.lists(kids, min_size=1, max_size=k).map(tuple)),
-        st.lists(kids, min_size=1, max_size=k).map(tuple)), max_leaves=15)
+    return input_trees(k, leaf_inputs, max_leaves=15)
 
 
 def _gru3():

@@ -18,18 +18,19 @@ from tessera.recursive.structure import Dag, ParentArray, Tree, linearize
 inputs = st.one_of(st.integers(0, 60), st.none())
 
 
-def nested_trees(k: int):
-    """Nested tuples, leaves ints or None, 1..k children per internal node."""
-    return st.recursive(inputs, lambda kids: st.lists(kids, min_size=1, max_size=k)
-                        .map(tuple), max_leaves=25)
+def nested_trees(k: int, leaves=inputs, max_leaves: int = 25):
+    """Nested tuples, leaves ints or None (drawn from ``leaves``), 1..k children per
+    internal node."""
+    return st.recursive(leaves, lambda kids: st.lists(kids, min_size=1, max_size=k)
+                        .map(tuple), max_leaves=max_leaves)
 
 
-def input_trees(k: int):
+def input_trees(k: int, leaves=inputs, max_leaves: int = 25):
     """Trees of Tree nodes carrying inputs, mixed with plain leaves and tuples."""
-    leaf = st.one_of(inputs, st.builds(Tree, inputs))
+    leaf = st.one_of(leaves, st.builds(Tree, leaves))
     return st.recursive(leaf, lambda kids: st.one_of(
-        st.builds(Tree, inputs, st.lists(kids, min_size=1, max_size=k).map(tuple)),
-        st.lists(kids, min_size=1, max_size=k).map(tuple)), max_leaves=25)
+        st.builds(Tree, leaves, st.lists(kids, min_size=1, max_size=k).map(tuple)),
+        st.lists(kids, min_size=1, max_size=k).map(tuple)), max_leaves=max_leaves)
 
 
 @st.composite

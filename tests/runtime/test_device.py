@@ -25,6 +25,7 @@ from tessera.runtime.memory import PAGE_BYTES
 from tessera.sim import simulate
 
 from tests.programs import CONTENTION_TOLERANCE
+from tests.rtl import open_backend
 
 TINY = PRESETS["tiny"]
 ISA = get_isa(TINY)
@@ -32,12 +33,7 @@ ISA = get_isa(TINY)
 
 @pytest.fixture(scope="module", params=["sim", "rtl", "pynq"])
 def device(request):
-    if request.param == "pynq":
-        from tessera.runtime.pynq_sim import open_simulated_pynq
-
-        dev = open_simulated_pynq(TINY, model="rtl")
-    else:
-        dev = open_device(request.param, TINY)
+    dev = open_backend(request.param, TINY)
     yield dev
     dev.close()
 
