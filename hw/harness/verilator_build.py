@@ -9,7 +9,9 @@ declares those ports.
 Builds are cached under ``$TESSERA_CACHE/verilator/<key>`` (default
 ``~/.cache/tessera/verilator/<key>``), keyed by the Verilog, the harness source,
 the Verilator and compiler versions and the flags; a build runs in a private
-temporary directory and is renamed into place, so concurrent processes are safe.
+temporary directory and is renamed into place, so concurrent processes are safe. An index
+(``index/<source key>``) maps what the Verilog export depends on to its build, so opening
+a cached model exports nothing (:func:`source_key`).
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ from tessera.errors import RtlSimError
 from tessera.regmap import AxiPort, axi_ports
 
 __all__ = ["HARNESS_ABI", "build_library", "cache_root", "check_verilog_ports",
-           "expected_ports", "harness_ports", "ports_source"]
+           "expected_ports", "harness_ports", "ports_source", "source_key"]
 
 HARNESS_DIR = Path(__file__).resolve().parent / "verilator"
 HARNESS_SOURCE = HARNESS_DIR / "harness.cpp"
@@ -286,35 +288,93 @@ def _runtime_objects(obj: Path) -> tuple[list[str], list[str]]:
     return settings, names
 
 
+def _digest(data: object) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _hook_file(hook: object) -> Path | None:
+    """The source file of an ALU op's hardware hook (a ``"module:attribute"`` reference
+    or the object), without importing a referenced module."""
+    import importlib.util
+    import inspect
+    if hook is None:
+        return None
+    if isinstance(hook, str):
+        spec = importlib.util.find_spec(hook.split(":", 1)[0])
+        return Path(spec.origin) if spec is not None and spec.origin else None
+    source = inspect.getsourcefile(hook if inspect.isclass(hook) or inspect.isfunction(hook)
+                                   else type(hook))
+    return Path(source) if source else None
+
+
+def source_key(config: HwConfig) -> str:
+    """What the exported Verilog depends on, found without exporting it: the config, the
+    registered ALU ops and their hardware hooks' sources, every source of the hardware
+    (``tessera.hw``) and of the core it reads (``tessera``), and Amaranth's version."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from tessera.isa import ALU_OPS
+    hw_root = Path(__file__).resolve().parents[1]
+    core_root = Path(tessera_cache_dir.__code__.co_filename).resolve().parent
+    files = sorted(hw_root.rglob("*.py")) + sorted(core_root.rglob("*.py"))
+    hooks = [(op.name, op.opcode, str(_hook_file(op.hardware) or "")) for op in ALU_OPS]
+    try:
+        amaranth = version("amaranth")
+    except PackageNotFoundError:
+        amaranth = ""
+    return _digest({"config": config.to_dict(), "amaranth": amaranth,
+                    "ops": [(n, c, _file_digest(Path(f)) if f else "") for n, c, f in hooks],
+                    "sources": [(str(p.relative_to(p.parents[1])), _file_digest(p))
+                                for p in files]})
+
+
 def build_library(config: HwConfig, verilog: str | None = None, *,
                   trace: str | Path | None = None, cache_dir: str | Path | None = None,
                   jobs: int = 2, quiet: bool = False) -> tuple[Path, bool]:
     """Compile ``verilog`` (default: ``tessera.hw.synth.export.verilog(config)``) with the
     harness (or find the cached build).
 
+    A build is keyed by the Verilog it compiled. Exporting the Verilog takes long (20-25 s
+    for ``pynq``), so without ``verilog`` the cache is first looked up by
+    :func:`source_key` -- what the export depends on -- through an index entry written
+    with each build: a cached model opens without exporting anything.
+
     Returns the shared library's path and whether this call built it.
     """
-    if verilog is None:
-        verilog = _export_verilog(config)
-    check_verilog_ports(config, verilog)
     tc = _toolchain()
     kind = _trace_kind(trace)
     vflags, cflags, ldflags, make_vars = _flags(kind)
     ports_inc = ports_source(config)
-    key_data = {
+    recipe = {
         "abi": HARNESS_ABI,
-        "verilog": hashlib.sha256(verilog.encode()).hexdigest(),
         "harness": hashlib.sha256(HARNESS_SOURCE.read_bytes()).hexdigest(),
         "ports": hashlib.sha256(ports_inc.encode()).hexdigest(),
         "verilator": tc.verilator_version,
         "cxx": tc.cxx_version,
         "flags": [vflags, cflags, ldflags, make_vars],
     }
-    key = hashlib.sha256(json.dumps(key_data, sort_keys=True).encode()).hexdigest()[:24]
     root = cache_root(cache_dir)
+    index = root / "index" / _digest({**recipe, "sources": source_key(config)})
+    if verilog is None and index.is_file():
+        library = root / index.read_text().strip() / LIB_NAME
+        if library.is_file():
+            return library, False
+    if verilog is None:
+        verilog = _export_verilog(config)
+        index_entry: Path | None = index
+    else:
+        index_entry = None
+    check_verilog_ports(config, verilog)
+    key_data = {**recipe, "verilog": hashlib.sha256(verilog.encode()).hexdigest()}
+    key = _digest(key_data)
     final = root / key
     library = final / LIB_NAME
     if library.is_file():
+        _write_index(index_entry, key)
         return library, False
 
     root.mkdir(parents=True, exist_ok=True)
@@ -325,7 +385,18 @@ def build_library(config: HwConfig, verilog: str | None = None, *,
             print(f"building RTL simulation for config {config.name!r} (cached afterwards)...",
                   file=sys.stderr, flush=True)
         _Build(config, verilog, tc, kind, ports_inc, jobs).run(root, final, key_data)
+    _write_index(index_entry, key)
     return library, True
+
+
+def _write_index(entry: Path | None, key: str) -> None:
+    """Record that the sources behind ``entry`` export to the build ``key`` (atomic)."""
+    if entry is None:
+        return
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = entry.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(key + "\n")
+    os.replace(tmp, entry)
 
 
 @contextmanager

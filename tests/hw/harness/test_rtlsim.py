@@ -368,6 +368,32 @@ def test_run_program_builds_its_sim(cache, verilog, monkeypatch):
     assert bytes(result.read("out")[:len(stream)]) == stream
 
 
+def test_a_cached_model_opens_without_exporting(cache, verilog, monkeypatch):
+    """The second open finds the build through the source-key index: no export."""
+    monkeypatch.setattr(verilator_build, "_export_verilog", lambda config: verilog["64"])
+    first = RtlSim(CFG64, cache_dir=cache, quiet=True, dram_bytes=DRAM)
+    first.close()
+
+    def no_export(config):
+        raise AssertionError("the Verilog was exported again")
+    monkeypatch.setattr(verilator_build, "_export_verilog", no_export)
+    again = RtlSim(CFG64, cache_dir=cache, quiet=True, dram_bytes=DRAM)
+    assert not again.built and again.library == first.library
+    again.close()
+
+
+def test_the_source_key_follows_the_config_and_the_registered_ops(monkeypatch):
+    import types
+
+    import tessera.isa
+    key = verilator_build.source_key(CFG64)
+    assert verilator_build.source_key(CFG64) == key
+    assert verilator_build.source_key(CFG128) != key
+    extra = types.SimpleNamespace(name="NEWOP", opcode=12, hardware=None)
+    monkeypatch.setattr(tessera.isa, "ALU_OPS", [*tessera.isa.ALU_OPS, extra])
+    assert verilator_build.source_key(CFG64) != key
+
+
 def test_verilog_export_missing(monkeypatch):
     import sys
     monkeypatch.setitem(sys.modules, "tessera.hw.synth.export", None)
