@@ -189,14 +189,28 @@ class Datapath:
         self.gemm_ops += dst.size
         if dst.size == 0:
             return banks
-        # Products of 8/16-bit values summed over block_in fit int64 exactly; the
-        # accumulator then wraps to int32 as the hardware adder does.
-        prod = np.matmul(self.inp[src].astype(np.int64), self.wgt[wgt].astype(np.int64).transpose(0, 2, 1))
+        prod = self._products(src, wgt)
         rows, inverse = np.unique(dst, return_inverse=True)
-        sums = np.zeros((rows.size,) + prod.shape[1:], dtype=np.int64)
-        np.add.at(sums, inverse, prod)
+        if rows.size == dst.size:             # every op writes its own row
+            sums = np.empty_like(prod)
+            sums[inverse] = prod
+        else:                                  # ops of one row summed, in any order: exact
+            order = np.argsort(inverse, kind="stable")
+            starts = np.flatnonzero(np.r_[True, np.diff(inverse[order]) != 0])
+            sums = np.add.reduceat(prod[order], starts, axis=0)
         self._write_acc(rows, wrap(self.acc[rows].astype(np.int64) + sums, c.acc_width))
         return banks
+
+    def _products(self, src: np.ndarray, wgt: np.ndarray) -> np.ndarray:
+        """Each op's ``inp[src] @ wgt[w].T`` as int64. A float32 matmul (BLAS) is exact
+        while every dot product stays below 2**24 in magnitude (int8 operands over a
+        block of up to 1,024 lanes); wider operands take the int64 product. The
+        accumulator then wraps to int32 as the hardware adder does."""
+        c = self.config
+        bound = c.block_in << (c.inp_width - 1) << (c.wgt_width - 1)
+        kind = np.float32 if bound < (1 << 24) else np.int64
+        prod = np.matmul(self.inp[src].astype(kind), self.wgt[wgt].astype(kind).transpose(0, 2, 1))
+        return prod.astype(np.int64)
 
     def alu(self, insn: Alu, index: int) -> frozenset[int]:
         """Run an ALU instruction; returns the accumulator banks it touched."""
