@@ -39,7 +39,7 @@ def _previous_write(writes: np.ndarray, reads: np.ndarray) -> np.ndarray:
 class Datapath:
     """Buffers and DRAM of one run, with the semantics of every instruction."""
 
-    def __init__(self, config: HwConfig, program: Program) -> None:
+    def __init__(self, config: HwConfig, program: Program, stream: bytes | None = None) -> None:
         self.config = config
         self.isa = get_isa(config)
         c = config
@@ -50,7 +50,7 @@ class Datapath:
         self.out = np.zeros((c.out_depth, c.batch, c.block_out), dtype=_INT[c.out_width])
         # The ALU table memory, a row of batch x block_out int8 entries per LOAD tbl element.
         self.tbl = np.zeros((c.table_rows, c.batch * c.block_out), dtype=np.int8)
-        self.dram = program.dram_image()
+        self.dram = program.dram_image(stream)
         self.segments = [(s.name, s.addr, s.end) for s in program.segments]
         self.gemm_ops = 0
         self.gemm_resets = 0

@@ -84,9 +84,9 @@ class Simulator:
             raise ProgramError(f"the program was built for config {program.config.name!r}, "
                                f"this simulator runs {self.config.name!r}: rebuild it or use "
                                "tessera.sim.simulate(program)")
-        validate_program(program)
+        stream = validate_program(program)
         self._last_cycles = 0
-        self._current = _Run(self.config, program, self.record_trace)
+        self._current = _Run(self.config, program, self.record_trace, stream)
         try:
             return self._current.execute()
         finally:
@@ -100,25 +100,28 @@ def simulate(program: Program, *, trace: bool = False) -> SimResult:
     return Simulator(program.config, trace=trace).run(program)
 
 
-def validate_program(program: Program) -> None:
-    """Static checks before a run: field ranges, semantic rules, a FINISH."""
+def validate_program(program: Program) -> bytes:
+    """Static checks before a run: field ranges, semantic rules, a FINISH. Returns the
+    encoded instruction stream (encoding is the field-range check)."""
+    stream = program.encode_instructions()
     for index, insn in enumerate(program.instructions):
-        program.isa.encode(insn, index=index)
         check_instruction(insn, program.config, index)
     if not any(isinstance(i, Finish) for i in program.instructions):
         raise MissingFinishError(f"the program has no FINISH instruction "
                                  f"({len(program.instructions)} instructions); end it with FINISH")
+    return stream
 
 
 class _Run:
     """The state of one simulation run."""
 
-    def __init__(self, config: HwConfig, program: Program, record_trace: bool) -> None:
+    def __init__(self, config: HwConfig, program: Program, record_trace: bool,
+                 stream: bytes) -> None:
         self.config = config
         self.program = program
         self.kernel = Kernel()
         self.dram = DramSystem(self.kernel, config)
-        self.data = Datapath(config, program)
+        self.data = Datapath(config, program, stream)
         self.stats = SimStats(config)
         self.trace: list[TraceEvent] | None = [] if record_trace else None
         self.cmd = {m: BoundedQueue(self.kernel, f"{m} command queue", config.cmd_queue_depth,

@@ -121,9 +121,11 @@ class Program:
     def encode_instructions(self) -> bytes:
         return self.isa.encode_program(self.instructions)
 
-    def dram_image(self) -> np.ndarray:
-        """The initial DRAM contents: every segment and the instruction stream."""
-        stream = np.frombuffer(self.encode_instructions(), dtype=np.uint8)
+    def dram_image(self, stream: bytes | None = None) -> np.ndarray:
+        """The initial DRAM contents: every segment and the instruction stream (``stream``:
+        the instructions already encoded)."""
+        stream = np.frombuffer(self.encode_instructions() if stream is None else stream,
+                               dtype=np.uint8)
         image = np.zeros(self.insn_addr + stream.size, dtype=np.uint8)
         for seg in self.segments:
             image[seg.addr:seg.end] = seg.data
