@@ -235,21 +235,3 @@ class Cell:
 
     def width(self, state: str) -> int:
         return self.states[state].width
-
-    def macs(self, *, leaf: bool) -> int:
-        """Multiply-accumulates of one node (a leaf reads no child state: the products
-        with its children's states vanish)."""
-        total = 0
-        for e in self.exprs:
-            live = [w for w, a in zip(e.weights, e.args) if not (leaf and _reads_child(a))]
-            if e.op == "linear":
-                total += sum(w.size for w in live)
-            elif e.op == "mlinear":
-                total += sum(w.size * e.width for w in live)
-            elif e.op == "matvec" and not (leaf and any(_reads_child(a) for a in e.args)):
-                total += e.rows * e.width
-        return total
-
-
-def _reads_child(e: Expr) -> bool:
-    return any(x.op == "child" for x in topological([e]))

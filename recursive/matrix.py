@@ -49,17 +49,6 @@ def untiled(rows: np.ndarray, r: int, c: int, block: int) -> np.ndarray:
     return np.swapaxes(t, -3, -2).reshape(*lead, r, c)
 
 
-def matrix_dims(rows: int, blocks_: int, block: int, *, dst: bool, src: bool,
-                wgt_block: int = 0) -> list:
-    """The loop dimensions walking a tile-blocked matrix of ``rows`` rows and ``blocks_``
-    lane blocks: ``[row tile, row in tile, lane block]``, moving the destination and/or
-    the source index by the tile-blocked offsets and (``wgt_block``) the weight tile."""
-    d, s = int(dst), int(src)
-    return [dim("J", rows // block, dst=d * blocks_ * block, src=s * blocks_ * block),
-            dim("r", block, dst=d, src=s),
-            dim("b", blocks_, dst=d * block, src=s * block, wgt=wgt_block)]
-
-
 class MatrixLowering:
     """The matrix parts of :class:`~.template.TemplateBuilder` (a mixin: it uses the
     builder's emitter, allocation and plans)."""

@@ -318,8 +318,9 @@ def source_key(config: HwConfig) -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     from tessera.isa import ALU_OPS
+    import tessera
     hw_root = Path(__file__).resolve().parents[1]
-    core_root = Path(tessera_cache_dir.__code__.co_filename).resolve().parent
+    core_root = Path(tessera.__file__).resolve().parent
     files = sorted(hw_root.rglob("*.py")) + sorted(core_root.rglob("*.py"))
     hooks = [(op.name, op.opcode, str(_hook_file(op.hardware) or "")) for op in ALU_OPS]
     try:

@@ -57,7 +57,7 @@ def brute_force(problem: Problem) -> float:
         try:
             best = min(best, evaluate(problem, targets).total)
         except CompileError:
-            pass
+            continue            # an infeasible placement (a node where it cannot run)
     return best
 
 
