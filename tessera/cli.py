@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .boards import BOARDS
+from .cli_compress import add_compress_commands
 from .cli_hetero import add_hetero_commands, board_args, host_args, write_board_files
 from .cli_inputs import calibration_samples, input_feeds, input_ranks, parse_shapes, random_feeds
 from .config import DEFAULT_PRESET, PRESETS, get_config
@@ -380,6 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_program_commands(sub)
     _add_hw_commands(sub)
     add_hetero_commands(sub)
+    add_compress_commands(sub)
     return parser
 
 

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Source folder -> the ``tessera`` subpackage it installs as.
 PACKAGES = {"tessera": "tessera", "sim": "tessera.sim", "hw": "tessera.hw",
             "compiler": "tessera.compiler", "runtime": "tessera.runtime",
-            "recursive": "tessera.recursive",
+            "recursive": "tessera.recursive", "compress": "tessera.compress",
             "bitstreams": "tessera.bitstreams", "plugins": "tessera.plugins"}
 
 #: Layer -> the layers it may import (besides itself). docs/architecture.md states the rule:
@@ -45,6 +45,9 @@ ALLOWED = {
     # runtime -- the cell and linearizer in numpy, templates lowered with the accelerator
     # backend's emitter, runs through the Device API.
     "recursive": {"core", "sim", "compiler.accel", "runtime"},
+    # Model compression (pruning float ONNX models to block or N:M patterns): works on ONNX
+    # files with onnxruntime as the error yardstick; reads the block geometry from the core.
+    "compress": {"core", "compiler.frontend"},
     # Intrinsic plug-ins sit beside the layers they extend and are loaded only through the
     # tessera.intrinsics entry points (or the hook references they register): no layer
     # imports them.
@@ -53,7 +56,7 @@ ALLOWED = {
 #: The entry points above every layer: the CLI (its scheduling commands in a module of
 #: their own), and ``tessera.compile``/``tessera.load`` (lazy imports in the core
 #: package's ``__init__``).
-ENTRY_POINTS = {"tessera", "tessera.cli", "tessera.cli_hetero"}
+ENTRY_POINTS = {"tessera", "tessera.cli", "tessera.cli_hetero", "tessera.cli_compress"}
 
 #: Modules allowed past MAX_MODULE_LINES, with the reason.
 LONG_MODULES: dict[str, str] = {}
@@ -61,8 +64,8 @@ MAX_MODULE_LINES = 600
 #: Functions (``module:qualname``) allowed past MAX_FUNCTION_LINES, with the reason.
 LONG_FUNCTIONS: dict[str, str] = {}
 MAX_FUNCTION_LINES = 80
-SIZED_FOLDERS = ("compiler", "sim", "runtime", "recursive", "hw", "bitstreams", "tessera",
-                 "plugins")
+SIZED_FOLDERS = ("compiler", "sim", "runtime", "recursive", "compress", "hw", "bitstreams",
+                 "tessera", "plugins")
 
 
 def _modules():
@@ -97,7 +100,7 @@ def _imports(path: Path, package: str) -> set[str]:
 def layer(module: str) -> str:
     """The layer of a dotted module name: ``core``, ``sim``, ``compiler.accel``, ..."""
     parts = module.split(".")[1:]
-    if not parts or parts[0] not in ("sim", "hw", "compiler", "runtime", "recursive",
+    if not parts or parts[0] not in ("sim", "hw", "compiler", "runtime", "recursive", "compress",
                                      "bitstreams", "plugins"):
         return "core"
     if parts[0] == "compiler" and len(parts) > 1:
@@ -190,7 +193,7 @@ def test_no_function_a_reader_must_scroll():
 def test_documented_paths_exist(doc):
     """Every ``folder/.../file.py`` path the map names exists."""
     text = (ROOT / doc).read_text()
-    paths = set(re.findall(r"`((?:compiler|sim|runtime|recursive|hw|bitstreams|tessera|tests|benchmarks)"
+    paths = set(re.findall(r"`((?:compiler|sim|runtime|recursive|compress|hw|bitstreams|tessera|tests|benchmarks)"
                            r"/[\w/.-]*)`", text))
     missing = sorted(p for p in paths if not (ROOT / p.rstrip("/")).exists())
     assert not missing, f"{doc} names paths that do not exist: {missing}"

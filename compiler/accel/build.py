@@ -195,7 +195,8 @@ def plan_layouts(ops: Sequence[Op], shapes: Mapping[str, tuple[int, int, int, in
 def compile_ops(ops: Sequence[Op], input_shapes: Mapping[str, tuple[int, ...]],
                 config: HwConfig | str | None = None, *, outputs: Sequence[str] | None = None,
                 threads: int = 2, plans: Mapping[str, object] | None = None,
-                pack_small_channels: bool = True, verify: bool = False,
+                pack_small_channels: bool = True, skip_zero_blocks: bool = True,
+                verify: bool = False,
                 on_op: Callable[[Op], None] | None = None) -> CompiledProgram:
     """Compile ``ops`` (in execution order) into one program for ``config``.
 
@@ -205,7 +206,9 @@ def compile_ops(ops: Sequence[Op], input_shapes: Mapping[str, tuple[int, ...]],
     ``plans`` forces a tiling per operator name. ``pack_small_channels`` lets
     a convolution reading a program input with few channels pack kernel
     positions into the channel block (the host applies the matching input
-    transform in :meth:`CompiledProgram.bind`). ``verify`` runs
+    transform in :meth:`CompiledProgram.bind`). ``skip_zero_blocks``: convolution and dense
+    weight blocks of zeros are neither stored, loaded nor multiplied (False runs every
+    layer densely, e.g. to compare). ``verify`` runs
     :func:`~.verify.verify_program` on the result. ``on_op`` is called with each operator
     before it is tensorized (progress reporting).
     """
@@ -239,28 +242,10 @@ def compile_ops(ops: Sequence[Op], input_shapes: Mapping[str, tuple[int, ...]],
     for op in ops:
         if on_op is not None:
             on_op(op)
-        forced = (plans or {}).get(op.name)
-        res = {t: tensors[t] for t in op.inputs[1:]}
-        if isinstance(op, ConvTranspose2d):
-            from .convtranspose import tensorize_conv_transpose2d
-            used_plans[op.name] = tensorize_conv_transpose2d(
-                em, op, tensors[op.input], tensors[op.output], res, threads=threads, plan=forced)
-        elif isinstance(op, (Conv2d, Dense)):
-            used_plans[op.name] = tensorize_conv2d(em, op, tensors[op.inputs[0]],
-                                                   tensors[op.output], res, threads=threads,
-                                                   plan=forced)  # type: ignore[arg-type]
-        elif isinstance(op, Pool2d):
-            from .pool import tensorize_pool2d
-            used_plans[op.name] = tensorize_pool2d(em, op, tensors[op.input], tensors[op.output],
-                                                   res, threads=threads, plan=forced)
-        elif isinstance(op, Concat):
-            continue          # its parts' producers stored them in place (plan_dram)
-        elif isinstance(op, Eltwise):
-            from .eltwise import tensorize_eltwise
-            used_plans[op.name] = tensorize_eltwise(em, op, tensors, threads=threads,
-                                                    plan=forced)
-        else:
-            raise CompileError(f"unsupported operator {op!r}")
+        plan = _tensorize_op(em, op, tensors, threads=threads,
+                             plan=(plans or {}).get(op.name), skip_zero_blocks=skip_zero_blocks)
+        if plan is not None:
+            used_plans[op.name] = plan
     program = insert_dependency_tokens(em.finish())
     op_bounds = _per_operator(program.sync_stats.map_bounds(em.op_bounds()),  # type: ignore
                               [op.name for op in ops])
@@ -270,6 +255,32 @@ def compile_ops(ops: Sequence[Op], input_shapes: Mapping[str, tuple[int, ...]],
     return CompiledProgram(cfg, program, tensors, user_inputs, outs, used_plans, dram,
                            time.perf_counter() - t0, input_transforms, list(input_shapes),
                            op_bounds)
+
+
+def _tensorize_op(em: Emitter, op: Op, tensors: Mapping[str, TensorInfo], *, threads: int,
+                  plan: object, skip_zero_blocks: bool) -> object:
+    """Emit ``op`` by its tensorizer; returns the plan used (``None`` for a concatenation:
+    its parts' producers stored them in place, see :func:`~.dram.plan_dram`)."""
+    res = {t: tensors[t] for t in op.inputs[1:]}
+    if isinstance(op, ConvTranspose2d):
+        from .convtranspose import tensorize_conv_transpose2d
+        return tensorize_conv_transpose2d(em, op, tensors[op.input], tensors[op.output], res,
+                                          threads=threads, plan=plan,
+                                          skip_zero_blocks=skip_zero_blocks)
+    if isinstance(op, (Conv2d, Dense)):
+        return tensorize_conv2d(em, op, tensors[op.inputs[0]], tensors[op.output], res,
+                                threads=threads, plan=plan,  # type: ignore[arg-type]
+                                skip_zero_blocks=skip_zero_blocks)
+    if isinstance(op, Pool2d):
+        from .pool import tensorize_pool2d
+        return tensorize_pool2d(em, op, tensors[op.input], tensors[op.output], res,
+                                threads=threads, plan=plan)
+    if isinstance(op, Concat):
+        return None
+    if isinstance(op, Eltwise):
+        from .eltwise import tensorize_eltwise
+        return tensorize_eltwise(em, op, tensors, threads=threads, plan=plan)
+    raise CompileError(f"unsupported operator {op!r}")
 
 
 def _per_operator(bounds: list[tuple[str, int, int]], names: Sequence[str]

@@ -21,12 +21,13 @@ from .acctile import reset_insn
 from .emit import Emitter, Place, TensorInfo, dma_cycles, plane_dmas
 from .epilogue import emit_epilogue, emit_param_prologue, plan_epilogue, tile_alu
 from tessera.errors import CompileError
-from .layout import ActLayout, pack_conv_weights
+from .layout import ActLayout, WeightBlocks, pack_conv_weights
 from .nest import Dim, dim, explicit_dim, map_nest
 from .ops import Conv2d, Dense
 from .convplan import (Budget, ConvGeom, ConvPlan, LAST_TILE_CHUNKS, PIPELINE_REGIONS,
                        PLAN_FALLBACKS, Step, Tile, conv_plan_fits, epilogue_chunks, schedule,
                        tile_replicas)
+from .convweights import interleave_terms, step_weights
 from .convcost import cached_conv_plans, interleave
 
 def acc_bound(weight: np.ndarray, config: HwConfig) -> tuple[int, int]:
@@ -102,13 +103,16 @@ class ConvTensorizer:
     last_region: tuple[int, int]
 
     def __init__(self, em: Emitter, op: Conv2d | Dense, inp: TensorInfo, out: TensorInfo,
-                 residuals: dict[str, TensorInfo]) -> None:
+                 residuals: dict[str, TensorInfo], skip_zero_blocks: bool = True) -> None:
         self.em, self.op = em, op
         self.conv = op.as_conv() if isinstance(op, Dense) else op
         self.config = c = em.config
         self.inp, self.out, self.residuals = inp, out, residuals
         self.where = f"conv2d {op.name!r}"
-        self.g = ConvGeom.of(self.conv, inp.layout.shape, c)
+        self.wpacked, _ = pack_conv_weights(self.conv.weight, self.conv.groups, c)
+        blocks = (WeightBlocks.of(self.wpacked) if skip_zero_blocks
+                  else WeightBlocks.dense(self.wpacked.shape[:4]))
+        self.g = ConvGeom.of(self.conv, inp.layout.shape, c, blocks)
         if inp.layout.block != c.block_in:
             raise CompileError(f"{self.where}: input {inp.name!r} is packed in blocks of "
                                f"{inp.layout.block} channels but the GEMM reads {c.block_in}",
@@ -176,10 +180,9 @@ class ConvTensorizer:
 
     def _begin_op(self) -> None:
         """Start the operator: its packed weight segment and its operands' DRAM elements."""
-        em, conv = self.em, self.conv
-        wpacked, _ = pack_conv_weights(conv.weight, conv.groups, self.config)
+        em = self.em
         em.begin_op(self.op.name)
-        wseg = em.add_segment(f"{self.op.name}.w", wpacked)
+        wseg = em.add_segment(f"{self.op.name}.w", self.g.blocks.pack(self.wpacked))
         self.w_elem = em.elem(Place(wseg), MemType.WGT)
         self.in_elem = em.elem(self.inp.place, MemType.INP)
         self.out_elem = em.elem(self.out.place, MemType.OUT)
@@ -308,11 +311,10 @@ class ConvTensorizer:
         """The input and weight loads step ``s`` needs (none for resident data)."""
         loads = self._input_loads(s) if s.load_inp else []
         if s.load_wgt:
-            g, t = self.g, s.tile
-            ob_n, j_n = t.ob1 - t.ob0, s.j1 - s.j0
-            loads.append(Load(mem=MemType.WGT, sram_base=s.wgt_slot * self.budget.wgt_slot,
-                              dram_base=self.w_elem + (t.ob0 * g.J + s.j0) * g.khkw,
-                              y_size=ob_n, x_size=j_n * g.khkw, x_stride=g.J * g.khkw))
+            base = s.wgt_slot * self.budget.wgt_slot
+            loads += [Load(mem=MemType.WGT, sram_base=base + r.sram, dram_base=self.w_elem + r.dram,
+                           y_size=r.obs, x_size=r.count, x_stride=r.stride)
+                      for r in step_weights(self.g, s.tile.ob0, s.tile.ob1, s.j0, s.j1).runs]
         return loads
 
     def _input_loads(self, s: Step) -> list:
@@ -378,8 +380,12 @@ class ConvTensorizer:
                            dim("ox", ow_n, dst=1, src=g.sx)]
         taps = [dim("ky", g.kh, src=g.dy * it.cols, wgt=g.kw), dim("kx", g.kw, src=g.dx, wgt=1)]
         src0 = s.inp_slot * self.budget.inp_slot
-        if R > 1:
-            dims.append(self._replica_terms_dim(s, pairs, R))
+        if R > 1 or not g.blocks.is_dense:
+            per_ob = self._step_terms(s, pairs)
+            if not any(per_ob):
+                return None
+            dims.append(self._replica_terms_dim(s, per_ob, R) if R > 1 else
+                        self._sparse_terms_dim(s, per_ob))
         elif len(pairs) == ob_n * j_n and g.gb.slope is not None:
             dims += taps + [dim("ob", ob_n, dst=px, src=g.gb.slope * plane, wgt=j_n * g.khkw),
                             dim("j", j_n, src=plane, wgt=g.khkw)]
@@ -403,22 +409,47 @@ class ConvTensorizer:
         it = s.intile
         return (self.g.gb.cb_lo[s.tile.ob0 + ob] + s.j0 + j - it.c0) * it.rows * it.cols
 
-    def _replica_terms_dim(self, s: Step, pairs: list[tuple[int, int]], R: int) -> Dim:
+    def _step_terms(self, s: Step, pairs: list[tuple[int, int]]) -> list[list[tuple]]:
+        """Per output block of the step (relative), its kernel terms ``(ob, j, ky, kx,
+        weight entry)``: the taps of its block pairs ``pairs`` whose weight block holds a
+        non-zero, the weight entry their place in the step's slot
+        (:func:`~.convweights.step_weights`)."""
+        g, t = self.g, s.tile
+        offsets = step_weights(g, t.ob0, t.ob1, s.j0, s.j1).offsets
+        per_ob: list[list[tuple]] = [[] for _ in range(t.ob1 - t.ob0)]
+        for ob, j in pairs:
+            entry = offsets[ob] + g.blocks.start(t.ob0 + ob, s.j0 + j) - \
+                g.blocks.start(t.ob0 + ob, s.j0)
+            for k, tap in enumerate(g.blocks.taps(t.ob0 + ob, s.j0 + j)):
+                per_ob[ob].append((ob, j, *divmod(int(tap), g.kw), entry + k))
+        return per_ob
+
+    def _term_src(self, s: Step, ob: int, j: int, ky: int, kx: int) -> int:
+        """Input-tile offset term ``(ob, j, ky, kx)`` of step ``s`` reads."""
+        return self._block_src(s, ob, j) + ky * self.g.dy * s.intile.cols + kx * self.g.dx
+
+    def _sparse_terms_dim(self, s: Step, per_ob: list[list[tuple]]) -> Dim:
+        """The kernel terms of a step that skips zero weight blocks, interleaved so one
+        output block's terms are the GEMM hazard distance apart
+        (:func:`~.convweights.interleave_terms`)."""
+        px = s.tile.pixels
+        terms = interleave_terms(per_ob, self.hazard)
+        return explicit_dim("term", [ob * px for ob, *_ in terms],
+                            [self._term_src(s, ob, j, ky, kx) for ob, j, ky, kx, _ in terms],
+                            [w for *_, w in terms])
+
+    def _replica_terms_dim(self, s: Step, per_ob: list[list[tuple]], R: int) -> Dim:
         """The kernel terms of a tile with fewer rows than the GEMM's hazard distance: the
         terms of each output block cycle over R replica rows, and blocks interleave, so a
         (row, replica) pair recurs only every ob_n * R terms."""
-        g, t, it = self.g, s.tile, s.intile
-        ob_n, j_n, px, rows = t.ob1 - t.ob0, s.j1 - s.j0, t.pixels, t.rows
-        per_ob = [[(ob, j, ky, kx) for (o_, j) in pairs if o_ == ob
-                   for ky in range(g.kh) for kx in range(g.kw)] for ob in range(ob_n)]
+        px, rows = s.tile.pixels, s.tile.rows
         terms = [(q[i], i % R) for i in range(max(map(len, per_ob)))
                  for q in per_ob if i < len(q)]
         return explicit_dim(
             "term",
-            [ob * px + rep * rows for (ob, j, ky, kx), rep in terms],
-            [self._block_src(s, ob, j) + ky * g.dy * it.cols + kx * g.dx
-             for (ob, j, ky, kx), _ in terms],
-            [((ob * j_n + j) * g.kh + ky) * g.kw + kx for (ob, j, ky, kx), _ in terms])
+            [ob * px + rep * rows for (ob, *_), rep in terms],
+            [self._term_src(s, ob, j, ky, kx) for (ob, j, ky, kx, _), _ in terms],
+            [w for (*_, w), _ in terms])
 
     # ------------------------------------------------------------ epilogue
     def _epilogue(self, s: Step, chunks: int) -> list[list]:
@@ -522,14 +553,24 @@ class ConvTensorizer:
 
 def tensorize_conv2d(em: Emitter, op: Conv2d | Dense, inp: TensorInfo, out: TensorInfo,
                      residuals: dict[str, TensorInfo], *, threads: int = 2,
-                     plan: ConvPlan | None = None) -> ConvPlan:
+                     plan: ConvPlan | None = None, skip_zero_blocks: bool = True) -> ConvPlan:
     """Emit the instructions of one convolution (or dense layer) into ``em``.
 
     ``plan`` forces a tiling (unpipelined if its pipelined regions do not fit); otherwise
-    the ranked tilings are tried in turn until one's uop kernels fit. Returns the plan
-    used. Instructions carry no tokens: :func:`~.sync.insert_dependency_tokens` adds them
-    for the whole program.
+    the ranked tilings are tried in turn until one's uop kernels fit. With
+    ``skip_zero_blocks`` the weight blocks of zeros are neither stored, loaded nor
+    multiplied (:class:`~.layout.WeightBlocks`); a layer no tiling can run that way (its
+    output blocks' terms too few to interleave, its kernels too many for the uop buffer)
+    runs densely. Returns the plan used. Instructions carry no tokens:
+    :func:`~.sync.insert_dependency_tokens` adds them for the whole program.
     """
-    tz = ConvTensorizer(em, op, inp, out, residuals)
+    tz = ConvTensorizer(em, op, inp, out, residuals, skip_zero_blocks)
+    if not tz.g.blocks.is_dense:
+        cp = em.checkpoint()
+        try:
+            return tz.emit(tz.ranked_plans(threads) if plan is None else tz.forced_plans(plan))
+        except CompileError:
+            em.rollback(cp)
+            tz = ConvTensorizer(em, op, inp, out, residuals, skip_zero_blocks=False)
     candidates = tz.ranked_plans(threads) if plan is None else tz.forced_plans(plan)
     return tz.emit(candidates)

@@ -11,7 +11,6 @@ import math
 from dataclasses import replace
 from functools import lru_cache
 
-import numpy as np
 
 from tessera import timing
 from tessera.config import HwConfig
@@ -23,7 +22,8 @@ from tessera.errors import CompileError
 from .layout import ceil_div
 from .convplan import (ConvGeom, ConvPlan, InTile, LAST_TILE_CHUNKS, MAX_SIMULATED_PLANS, SlotRing,
                        Tile, buffer_slots, conv_plan_fits, epilogue_chunks, input_tile,
-                       reduction_chunks, tile_replicas, tiles_of, weight_key)
+                       tile_replicas, tiles_of)
+from .convweights import reduction_chunks, step_weights, weight_key
 
 @lru_cache(maxsize=65536)
 def _load_cycles(config: HwConfig, mem: MemType, y: int, x: int, stride: int,
@@ -72,14 +72,22 @@ def input_load_cycles(config: HwConfig, g: ConvGeom, it: InTile) -> tuple[float,
 
 @lru_cache(maxsize=1 << 16)
 def step_terms(g: ConvGeom, t: Tile, j0: int, j1: int, it: InTile) -> int:
-    """Kernel terms ``(ob, j, ky, kx)`` of a step whose input block exists."""
+    """Kernel terms ``(ob, j, ky, kx)`` of a step whose input block exists and whose weight
+    block holds a non-zero."""
     n = 0
     for ob in range(t.ob0, t.ob1):
         for j in range(j0, j1):
             cb = g.gb.cb_lo[ob] + j
             if it.c0 <= cb < it.c1:
-                n += 1
-    return n * g.khkw
+                n += g.blocks.count(ob, j, j + 1)
+    return n
+
+
+def weight_load_cycles(config: HwConfig, g: ConvGeom, ob0: int, ob1: int, j0: int,
+                       j1: int) -> float:
+    """Cycles of the DMAs loading a step's weight tile (:func:`~.convweights.step_weights`)."""
+    return sum(_load_cycles(config, MemType.WGT, r.obs, r.count, r.stride, (0, 0, 0, 0))
+               for r in step_weights(g, ob0, ob1, j0, j1).runs)
 
 
 def interleave(gemm: list[int], side: list[int]) -> list[tuple[int, int]]:
@@ -143,8 +151,7 @@ class ConvCostModel:
             g, config = self.g, self.config
             it = input_tile(g, t, j0, j1)
             icyc, planes = input_load_cycles(config, g, it)
-            wcyc = _load_cycles(config, MemType.WGT, t.ob1 - t.ob0, (j1 - j0) * g.khkw,
-                                g.J * g.khkw, (0, 0, 0, 0))
+            wcyc = weight_load_cycles(config, g, t.ob0, t.ob1, j0, j1)
             ops = step_terms(g, t, j0, j1, it) * (t.nb1 - t.nb0) * t.pixels
             hit = (it.key, icyc, planes, weight_key(t, j0, j1), wcyc,
                    _gemm_cycles(ops) if ops else 0, ops)
@@ -362,9 +369,9 @@ def candidate_sizes(total: int, limit: int | None = None) -> list[int]:
 @lru_cache(maxsize=256)
 def total_gemm_ops(g: ConvGeom) -> int:
     """GEMM operations of the whole layer (independent of the tiling)."""
-    lo = np.asarray(g.gb.cb_lo)
-    pairs = int(np.clip(g.CB - lo, 0, g.J).sum())
-    return pairs * g.khkw * g.NB * g.oh * g.ow
+    blocks = sum(g.blocks.count(ob, 0, max(0, min(g.J, g.CB - lo)))
+                 for ob, lo in enumerate(g.gb.cb_lo))
+    return blocks * g.NB * g.oh * g.ow
 
 
 def quick_estimate(g: ConvGeom, p: ConvPlan, config: HwConfig, ep: EpiloguePlan
@@ -404,8 +411,7 @@ def quick_estimate(g: ConvGeom, p: ConvPlan, config: HwConfig, ep: EpiloguePlan
     it = input_tile(g, Tile(0, p.nb_t, 0, p.ob_t, 0, min(p.oh_t, g.oh), 0, min(p.ow_t, g.ow)),
                     0, min(g.J, p.j_t))
     l_in = input_load_cycles(config, g, it)[0]
-    l_w = _load_cycles(config, MemType.WGT, min(p.ob_t, g.OB), min(g.J, p.j_t) * g.khkw,
-                       g.J * g.khkw, (0, 0, 0, 0))
+    l_w = weight_load_cycles(config, g, 0, min(p.ob_t, g.OB), 0, min(g.J, p.j_t))
     TI, TW = buffer_slots(g, p, config)
     # Loads in all, and in the first pass over the outer loop (resident data is loaded
     # then, so that phase may be load-bound while the rest is not).

@@ -52,7 +52,8 @@ from tessera.config import HwConfig
 from tessera.isa import get_isa
 
 from .epilogue import EpiloguePlan
-from .layout import GroupBlocks, ceil_div
+from .convweights import reduction_chunks, sparse_kernel_uops, weight_key
+from .layout import GroupBlocks, WeightBlocks, ceil_div
 from .ops import Conv2d
 
 #: Cap on candidate tilings simulated by the step model (the rest are pruned analytically).
@@ -94,16 +95,22 @@ class ConvGeom:
     CB: int
     OB: int
     gb: GroupBlocks
+    blocks: WeightBlocks
 
     @classmethod
-    def of(cls, op: Conv2d, in_shape: tuple[int, int, int, int], config: HwConfig) -> "ConvGeom":
+    def of(cls, op: Conv2d, in_shape: tuple[int, int, int, int], config: HwConfig,
+           blocks: WeightBlocks | None = None) -> "ConvGeom":
+        """The geometry of ``op`` on ``config``; ``blocks``: its non-zero weight blocks
+        (default every block, i.e. the layer runs densely)."""
         n, c, h, w = in_shape
         _, o, oh, ow = op.output_shape(in_shape)
         kh, kw = op.weight.shape[2:]
         gb = GroupBlocks.of(c, o, op.groups, config.block_in, config.block_out)
+        OB = ceil_div(o, config.block_out)
+        if blocks is None:
+            blocks = WeightBlocks.dense((OB, gb.J, kh, kw))
         return cls(op.name, n, c, h, w, o, kh, kw, *op.stride, *op.dilation, *op.padding, oh, ow,
-                   ceil_div(n, config.batch), ceil_div(c, config.block_in),
-                   ceil_div(o, config.block_out), gb)
+                   ceil_div(n, config.batch), ceil_div(c, config.block_in), OB, gb, blocks)
 
     @property
     def J(self) -> int:
@@ -118,6 +125,12 @@ class ConvGeom:
         """Some output blocks read fewer input blocks than others (grouped convolutions whose
         blocks run past the last input block)."""
         return any(lo + self.J > self.CB for lo in self.gb.cb_lo)
+
+    @property
+    def uneven(self) -> bool:
+        """Output blocks have unequal numbers of kernel terms (a ragged grouped
+        convolution, or zero weight blocks skipped)."""
+        return self.ragged or not self.blocks.is_dense
 
     @property
     def row_step(self) -> int:
@@ -303,16 +316,6 @@ class SlotRing:
         return slot, True
 
 
-def reduction_chunks(g: ConvGeom, p: ConvPlan) -> list[tuple[int, int]]:
-    """The input-block ranges ``(j0, j1)`` of a tile's steps (``j_t`` blocks each)."""
-    return [(a, min(g.J, a + p.j_t)) for a in range(0, g.J, p.j_t)]
-
-
-def weight_key(t: Tile, j0: int, j1: int) -> tuple[int, int, int, int]:
-    """The weight tile a step of tile ``t`` over input blocks ``j0:j1`` reads."""
-    return (t.ob0, t.ob1, j0, j1)
-
-
 def schedule(g: ConvGeom, p: ConvPlan, acc_first: int = 0,
              slots: tuple[int, int] | None = None) -> list[Step]:
     """The steps of plan ``p`` in program order, with slot assignment and reuse
@@ -340,7 +343,7 @@ def replicas(config: HwConfig, rows: int) -> int:
 def tile_replicas(config: HwConfig, g: ConvGeom, nb: int, ob: int, px: int) -> int:
     """Replicas of a tile: by its rows, or by one output block's rows when blocks have
     unequal numbers of terms (then consecutive terms may hit the same block)."""
-    return replicas(config, nb * px if g.ragged else nb * ob * px)
+    return replicas(config, nb * px if g.uneven else nb * ob * px)
 
 
 @dataclass(frozen=True)
@@ -441,8 +444,14 @@ def estimate_uops(g: ConvGeom, p: ConvPlan, config: HwConfig,
     for a, b, c, d in shapes:
         rows = a * b * c * d
         per_term = c * d * a if rows < timing.gemm_hazard_distance() else 1
-        for j in sizes(g.J, p.j_t):
-            total += combos * b * j * g.khkw * per_term
+        if g.blocks.is_dense:
+            total += combos * sum(b * j * g.khkw * per_term for j in sizes(g.J, p.j_t))
+        else:
+            # Zero blocks skipped: a kernel per output-block range and input chunk, in a
+            # slot combination per spatial tile.
+            n_sp = ceil_div(g.NB, p.nb_t) * ceil_div(g.oh, p.oh_t) * ceil_div(g.ow, p.ow_t)
+            total = max(total, min(n_in * n_w * p.regions, n_sp) * per_term
+                        * sparse_kernel_uops(g, p))
     return total + len(shapes) * p.regions * 8
 
 
@@ -452,7 +461,7 @@ def conv_plan_fits(g: ConvGeom, p: ConvPlan, config: HwConfig, ep: EpiloguePlan)
     smallest = 1
     for total, size in ((g.NB, p.nb_t), (g.OB, p.ob_t), (g.oh, p.oh_t), (g.ow, p.ow_t)):
         smallest *= min(size, total - (ceil_div(total, size) - 1) * size)
-    if smallest >> p.ramp >= timing.gemm_hazard_distance() and not g.ragged:
+    if smallest >> p.ramp >= timing.gemm_hazard_distance() and not g.uneven:
         acc_slot = t_rows  # no tile is small enough to need replica rows
     else:
         acc_slot = max(tile_replicas(config, g, a, b, c * d) * a * b * c * d

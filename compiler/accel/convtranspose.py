@@ -100,7 +100,8 @@ def _folded_epilogue(epilogue: tuple, fold: np.ndarray) -> tuple:
 
 def tensorize_conv_transpose2d(em: Emitter, op: ConvTranspose2d, inp: TensorInfo,
                                out: TensorInfo, residuals: dict[str, TensorInfo], *,
-                               threads: int = 2, plan=None) -> dict[str, object]:
+                               threads: int = 2, plan=None,
+                               skip_zero_blocks: bool = True) -> dict[str, object]:
     """Emit ``op`` as its phase convolutions, each storing into ``out`` through a view;
     returns each phase's tiling by phase name (``plan``: a tiling forced on every
     phase)."""
@@ -109,5 +110,5 @@ def tensorize_conv_transpose2d(em: Emitter, op: ConvTranspose2d, inp: TensorInfo
     for phase in conv_transpose_phases(op, inp.layout.shape):
         plans[phase.conv.name] = tensorize_conv2d(
             em, phase.conv, inp, replace(out, view=phase.view), residuals, threads=threads,
-            plan=plan)
+            plan=plan, skip_zero_blocks=skip_zero_blocks)
     return plans

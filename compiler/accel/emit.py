@@ -143,16 +143,17 @@ class Emitter:
         return hit
 
     def checkpoint(self) -> tuple:
-        """State to :meth:`rollback` to (instructions, kernels, segments)."""
+        """State to :meth:`rollback` to (instructions, kernels, segments, the operator begun)."""
         return (len(self.insns), dict(self._kernels), len(self._uops),
-                len(self.program.segments))
+                len(self.program.segments), len(self._op_starts), self._op, self._uop_load)
 
     def rollback(self, cp: tuple) -> None:
-        n_insns, kernels, n_uops, n_segs = cp
+        n_insns, kernels, n_uops, n_segs, n_ops, self._op, self._uop_load = cp
         del self.insns[n_insns:]
         self._kernels = kernels
         del self._uops[n_uops:]
         del self.program.segments[n_segs:]
+        del self._op_starts[n_ops:]
 
     @property
     def uop_count(self) -> int:

@@ -154,6 +154,80 @@ class GroupBlocks:
         return cls(tuple(lo), J, slope)
 
 
+@dataclass(frozen=True, eq=False)
+class WeightBlocks:
+    """Which blocks ``(ob, j, ky, kx)`` of a layer's packed weights hold a non-zero (the
+    GEMM core's ``co x ci`` weight blocks per kernel tap, :mod:`tessera.sparsity`).
+
+    The weight segment in DRAM keeps only these blocks, in ``(ob, j, ky, kx)`` order
+    (:meth:`pack`): a dense layer's segment is the whole packed array, a block-sparse
+    layer's holds ``density`` of it, and output block ``ob``'s blocks of input blocks
+    ``j0:j1`` are one contiguous run (:meth:`start`, :meth:`count`). A layer compiled
+    densely (zero blocks multiplied like any other) uses :meth:`dense` of its shape.
+    """
+
+    mask: np.ndarray            # bool (OB, J, kh, kw)
+
+    def __post_init__(self) -> None:
+        mask = np.ascontiguousarray(self.mask, dtype=bool)
+        object.__setattr__(self, "mask", mask)
+        # grid[ob, j]: packed index of ob's first block of input block j; j = J: its end.
+        counts = mask.sum(axis=(2, 3), dtype=np.int64)
+        ends = np.cumsum(counts.ravel()).reshape(counts.shape)
+        grid = np.zeros((counts.shape[0], counts.shape[1] + 1), np.int64)
+        grid[:, 1:] = ends
+        grid[1:, 0] = ends[:-1, -1] if counts.shape[1] else 0
+        object.__setattr__(self, "_starts", grid)
+        object.__setattr__(self, "_key", (mask.shape, np.packbits(mask).tobytes()))
+        object.__setattr__(self, "_hash", hash(self._key))
+
+    @classmethod
+    def of(cls, packed: np.ndarray) -> "WeightBlocks":
+        """The non-zero blocks of packed weights ``(OB, J, kh, kw, co, ci)``."""
+        return cls(np.any(np.asarray(packed) != 0, axis=(4, 5)))
+
+    @classmethod
+    def dense(cls, shape: tuple[int, int, int, int]) -> "WeightBlocks":
+        """Every block of an ``(OB, J, kh, kw)`` layer present."""
+        return cls(np.ones(shape, bool))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, WeightBlocks) and self._key == other._key
+
+    @property
+    def is_dense(self) -> bool:
+        return bool(self.mask.all())
+
+    @property
+    def nonzero(self) -> int:
+        """Blocks the segment holds."""
+        return int(self._starts[-1, -1])
+
+    @property
+    def density(self) -> float:
+        return self.nonzero / self.mask.size if self.mask.size else 1.0
+
+    def start(self, ob: int, j: int) -> int:
+        """Packed index of output block ``ob``'s first block of input block ``j`` (or,
+        for ``j = J``, of the block after its last)."""
+        return int(self._starts[ob, j])
+
+    def count(self, ob: int, j0: int, j1: int) -> int:
+        """Blocks of output block ``ob`` over input blocks ``j0:j1``."""
+        return int(self._starts[ob, j1] - self._starts[ob, j0])
+
+    def taps(self, ob: int, j: int) -> np.ndarray:
+        """Indices ``ky * kw + kx`` of the taps whose block ``(ob, j)`` holds a non-zero."""
+        return np.flatnonzero(self.mask[ob, j])
+
+    def pack(self, packed: np.ndarray) -> np.ndarray:
+        """The DRAM segment: the non-zero blocks of ``packed`` in ``(ob, j, ky, kx)`` order."""
+        return np.ascontiguousarray(np.asarray(packed)[self.mask])
+
+
 def pack_conv_weights(w: np.ndarray, groups: int,
                       config: HwConfig) -> tuple[np.ndarray, GroupBlocks]:
     """``(O, I/groups, kh, kw)`` int8 -> ``(O/co, J, kh, kw, co, ci)`` and its :class:`GroupBlocks`.

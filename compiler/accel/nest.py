@@ -202,6 +202,9 @@ def map_nest(dims: list[Dim], base: tuple[int, int, int], *, kind: str, isa: Isa
 def _map_nest(dims: list[Dim], base: tuple[int, int, int], *, kind: str, isa: Isa,
               distance: int, src_is_acc_read: bool = False, max_uops: int | None = None,
               where: str = "") -> Nest:
+    # A dimension of one index is a constant offset (an explicit one may be non-zero).
+    base = tuple(b + sum(int(getattr(d, f)[0]) for d in dims if d.extent == 1)
+                 for b, f in zip(base, ("dst", "src", "wgt")))  # type: ignore[assignment]
     dims = [d for d in dims if d.extent > 1] or [dim("unit", 1)]
     lim = _limits(isa, kind)
     strides = {id(d): d.stride() for d in dims}
