@@ -139,10 +139,14 @@ class CompiledModel:
         return [s for s in self.steps if isinstance(s, AccelStep)]
 
     def summary(self) -> str:
-        """The placement table: one line per node with its target and the reason."""
-        rows = [f"{'node':<40}{'op':<20}{'placed on':<13}reason"]
+        """The placement table: one line per node with its target, its weight density (the
+        share of its GEMM weight blocks that hold a non-zero, which is the share of its
+        work the accelerator runs; blank without a constant weight) and the reason."""
+        rows = [f"{'node':<40}{'op':<20}{'placed on':<13}{'density':>8}  reason"]
         for p in self.placements:
-            rows.append(f"{p.node[:39]:<40}{p.op[:19]:<20}{p.target:<13}{p.reason}")
+            density = "" if p.density is None else f"{p.density:.0%}"
+            rows.append(f"{p.node[:39]:<40}{p.op[:19]:<20}{p.target:<13}{density:>8}  "
+                        f"{p.reason}")
         return "\n".join(rows)
 
     # ------------------------------------------------------------------ files
@@ -232,7 +236,7 @@ def compile_model(model: Any, config: HwConfig | str | None = None, *,
                   force_cpu: Sequence[str] = (), host=None,
                   progress: Progress | None = None, activations: str = "exact",
                   pieces: int | None = None, tolerance: float | None = None,
-                  placement: str = "dp") -> CompiledModel:
+                  placement: str = "dp", skip_zero_blocks: bool = True) -> CompiledModel:
     """Compile an ONNX model (``ModelProto``, path or bytes) for ``config``.
 
     A float model needs ``calibration`` (a list of input feeds) to be quantized; an int8
@@ -246,7 +250,10 @@ def compile_model(model: Any, config: HwConfig | str | None = None, *,
     is called as compilation advances. ``activations="approximate"`` with ``pieces`` or
     ``tolerance`` approximates the activations no exact intrinsic of ``config`` runs
     (:func:`~.accel.builtin_patterns.mark_approximate_activations`), fitted to their
-    inputs' distribution on the calibration data.
+    inputs' distribution on the calibration data. ``skip_zero_blocks`` (default): weight
+    blocks of zeros (a pruned model's, :mod:`tessera.compress`) are neither stored,
+    loaded nor multiplied on the accelerator; False runs every layer densely (the same
+    results, for comparison).
     """
     from .placement.partition import check_strategy
 
@@ -265,7 +272,7 @@ def compile_model(model: Any, config: HwConfig | str | None = None, *,
     if activations == "approximate":
         approximate_activations(graph, cfg, reference, calibration, pieces, tolerance)
     placements, steps, runs = place_and_compile(graph, cfg, hostmodel, force_cpu, report,
-                                                placement)
+                                                placement, skip_zero_blocks)
     counts = {t: sum(p.target == t for p in placements) for t in ("accelerator", "cpu", "view")}
     compiled = CompiledModel(cfg, _signatures(graph, graph.inputs),
                              _signatures(graph, graph.outputs), steps, placements, graph.name,
@@ -424,7 +431,7 @@ def fuse_integer_nodes(graph) -> None:
 
 
 def place_and_compile(graph, config: HwConfig, host, force_cpu: Sequence[str],
-                      report: Progress, strategy: str = "dp"):
+                      report: Progress, strategy: str = "dp", skip_zero_blocks: bool = True):
     """Stages 3 and 4 (placement by ``strategy``, see
     :func:`~.placement.partition.place_nodes`, then each backend):
     ``(placements, steps, segments)``.
@@ -432,7 +439,8 @@ def place_and_compile(graph, config: HwConfig, host, force_cpu: Sequence[str],
     A node the accelerator supports but whose tensors do not fit the config's buffers
     (e.g. too many channels' parameters for a small accumulator) falls back to the CPU and
     the placement says so. Only what the fallback changed is compiled again: segments and
-    CPU steps are kept by their nodes across the retries.
+    CPU steps are kept by their nodes across the retries. ``skip_zero_blocks``: see
+    :func:`compile_model`.
     """
     from .placement.partition import place_nodes
 
@@ -446,7 +454,8 @@ def place_and_compile(graph, config: HwConfig, host, force_cpu: Sequence[str],
             if p.node in misfits:
                 p.reason = misfits[p.node]
         try:
-            steps, runs = _compile_steps(graph, placements, config, report, compiled)
+            steps, runs = _compile_steps(graph, placements, config, report, compiled,
+                                         skip_zero_blocks)
             return placements, steps, runs
         except CompileError as exc:
             on_accel = {p.node for p in placements if p.target == "accelerator"}
@@ -471,7 +480,7 @@ class _StepCache:
 
 
 def _compile_steps(graph, placements, config: HwConfig, report: Progress,
-                   cache: _StepCache):
+                   cache: _StepCache, skip_zero_blocks: bool = True):
     """The steps of a placed graph: a program per accelerator segment, CPU kernels for the
     other nodes, in graph order."""
     from .cpu.lower import lower_node_to_cpu
@@ -501,7 +510,8 @@ def _compile_steps(graph, placements, config: HwConfig, report: Progress,
         emitted.add(k)
         key = tuple(n.name for n in runs[k])
         if key not in cache.segments:
-            cache.segments[key] = _compile_segment(graph, runs[k], config, readers, on_op)
+            cache.segments[key] = _compile_segment(graph, runs[k], config, readers, on_op,
+                                                   skip_zero_blocks)
         else:
             done[0] += len(key)
         steps.append(replace(cache.segments[key], name=f"accel{k}"))
@@ -520,7 +530,7 @@ def _readers_after(graph) -> dict[str, list[int]]:
 
 
 def _compile_segment(graph, nodes, config: HwConfig, readers: dict[str, list[int]],
-                     on_op) -> AccelStep:
+                     on_op, skip_zero_blocks: bool = True) -> AccelStep:
     """Lower a run of accelerator nodes, each into the epilogue of its producer where an
     intrinsic pattern allows (residual adds, lookups), and compile one program."""
     from .accel.lower import fuse_into_producer, lower_node
@@ -544,7 +554,7 @@ def _compile_segment(graph, nodes, config: HwConfig, readers: dict[str, list[int
                     if any(r == -1 or r > last for r in readers.get(op.output, [])))
     shapes = {t: graph.value(t).shape for t in (*inputs, *outputs)}
     program = compile_ops(ops, {t: shapes[t] for t in inputs}, config, outputs=list(outputs),
-                          on_op=on_op)
+                          on_op=on_op, skip_zero_blocks=skip_zero_blocks)
     layers = [_layer_info(op, members[op.name], program, graph) for op in ops]
     return AccelStep("", program, inputs, outputs, layers, shapes)
 

@@ -32,7 +32,8 @@ def compile(model: Any, target: str | HwConfig = "pynq", *,
             input_shapes: Mapping[str, Sequence[int]] | None = None,
             force_cpu: Sequence[str] = (), host: Any = None, progress: Any = None,
             activations: str = "exact", pieces: int | None = None,
-            tolerance: float | None = None, placement: str = "dp") -> "Model":
+            tolerance: float | None = None, placement: str = "dp",
+            skip_zero_blocks: bool = True) -> "Model":
     """Compile an ONNX model (``ModelProto``, path or bytes) for the config ``target``.
 
     A float model is quantized to int8 from ``calibration`` (a list of input feeds);
@@ -42,7 +43,9 @@ def compile(model: Any, target: str | HwConfig = "pynq", *,
     ``"dp"`` (least projected latency), ``"greedy"`` or ``"cpu"``.
     ``activations="approximate"`` (with ``pieces=K`` or ``tolerance=T`` LSBs) runs
     activations the config has no exact intrinsic for as sums of shifted ReLUs on the
-    accelerator (it changes results; ``"exact"`` by default). Returns a
+    accelerator (it changes results; ``"exact"`` by default). Weight blocks of zeros (a
+    pruned model's) are skipped on the accelerator unless ``skip_zero_blocks=False``.
+    Returns a
     :class:`~tessera.runtime.executor.Model`
     (``run``, ``save``, ``summary``). See :func:`tessera.compiler.model.compile_model`.
     """
@@ -51,7 +54,8 @@ def compile(model: Any, target: str | HwConfig = "pynq", *,
     return Model(compile_model(model, target, calibration=calibration,
                                input_shapes=input_shapes, force_cpu=force_cpu, host=host,
                                progress=progress, activations=activations, pieces=pieces,
-                               tolerance=tolerance, placement=placement))
+                               tolerance=tolerance, placement=placement,
+                               skip_zero_blocks=skip_zero_blocks))
 
 
 def load(path: Any) -> "Model":

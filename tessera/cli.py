@@ -87,7 +87,7 @@ def _compile(args: argparse.Namespace):
                              input_shapes=shapes, force_cpu=args.force_cpu or (),
                              progress=bar, activations=args.activations, pieces=args.pieces,
                              tolerance=args.tolerance, host=args.host,
-                             placement=args.placement)
+                             placement=args.placement, skip_zero_blocks=not args.dense_weights)
     finally:
         bar.close()
 
@@ -476,6 +476,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tolerance", type=float, metavar="LSB",
                    help="with --activations approximate: the fewest pieces whose max error "
                         "is at most LSB output steps")
+    p.add_argument("--dense-weights", action="store_true",
+                   help="multiply zero weight blocks too (default: skipped; same results)")
     host_args(p)
 
 

@@ -568,7 +568,8 @@ def tensorize_conv2d(em: Emitter, op: Conv2d | Dense, inp: TensorInfo, out: Tens
     if not tz.g.blocks.is_dense:
         cp = em.checkpoint()
         try:
-            return tz.emit(tz.ranked_plans(threads) if plan is None else tz.forced_plans(plan))
+            used = tz.emit(tz.ranked_plans(threads) if plan is None else tz.forced_plans(plan))
+            return replace(used, density=tz.g.blocks.density)
         except CompileError:
             em.rollback(cp)
             tz = ConvTensorizer(em, op, inp, out, residuals, skip_zero_blocks=False)

@@ -228,6 +228,7 @@ class ConvPlan:
     ramp: int = 0
     est_cycles: int = 0
     pipeline: bool = True
+    density: float = 1.0         # of the weight blocks the GEMMs multiply (zero ones skipped)
 
     @property
     def pipelined(self) -> bool:
@@ -243,7 +244,9 @@ class ConvPlan:
                 f"{self.j_t} input block(s) per step, {self.threads} thread(s), "
                 f"{self.order}-outer"
                 + (f", first/last tiles halved {self.ramp}x" if self.ramp else "")
-                + (", epilogue beside the GEMMs" if self.pipelined else ""))
+                + (", epilogue beside the GEMMs" if self.pipelined else "")
+                + (f", {self.density:.0%} of the weight blocks (zero ones skipped)"
+                   if self.density < 1 else ""))
 
 
 def _halves(t: Tile, level: int = 0) -> list[Tile]:

@@ -1,6 +1,8 @@
 """Roofline bounds of operators on a config (the benchmarks' yardstick).
 
-``bound = max(MACs / MACs per cycle, DRAM time)``. The DRAM time counts the
+``bound = max(MACs / MACs per cycle, DRAM time)``, the MACs (and weight bytes) of a
+convolution only those of its weight blocks that hold a non-zero (the GEMM core skips the
+rest). The DRAM time counts the
 bytes an operator must move at least -- the input pixels its windows touch,
 its weights and output once, plus its per-channel parameters -- against the
 DRAM system: every module
@@ -22,16 +24,22 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from tessera.config import HwConfig
+from tessera.sparsity import block_density
 
 from .ops import Concat, Conv2d, ConvTranspose2d, Dense, Eltwise, Op, Pool2d
 
 
 @dataclass(frozen=True)
 class Roofline:
+    """An operator's bound: ``macs`` of its dense form; ``compute_cycles`` and the weight
+    bytes count only the ``density`` of weight blocks that hold a non-zero (the GEMM core
+    skips the rest, :class:`~.layout.WeightBlocks`)."""
+
     macs: int
     compute_cycles: float
     dram_bytes: int
     dram_cycles: float
+    density: float = 1.0
 
     @property
     def bound(self) -> float:
@@ -51,23 +59,25 @@ def _touched(n_out: int, k: int, stride: int, dilation: int, pad: int, size: int
 
 def conv_roofline(op: Conv2d | Dense, in_shape: tuple[int, int, int, int],
                   config: HwConfig) -> Roofline:
-    """The roofline of a convolution or dense layer on its logical (unpacked) shape."""
+    """The roofline of a convolution or dense layer on its logical (unpacked) shape, its
+    work and weights those of its non-zero weight blocks."""
     conv = op.as_conv() if isinstance(op, Dense) else op
     n, c, h, w = in_shape
     _, o, oh, ow = conv.output_shape(in_shape)
     kh, kw = conv.weight.shape[2:]
     macs = n * o * oh * ow * (c // conv.groups) * kh * kw
+    density = block_density(conv.weight, config.block_out, config.block_in)
     (sy, sx), (dy, dx), (t, l, _, _) = conv.stride, conv.dilation, conv.padding
     in_b = (n * c * _touched(oh, kh, sy, dy, t, h) * _touched(ow, kw, sx, dx, l, w)
             * config.inp_width // 8)
-    w_b = conv.weight.size * config.wgt_width // 8
+    w_b = int(conv.weight.size * density) * config.wgt_width // 8
     out_b = n * o * oh * ow * config.out_width // 8
     par_b = 2 * o * config.acc_width // 8   # bias and scale per channel
     load_port = (in_b + w_b) / config.bus_bytes
     store_port = out_b / config.bus_bytes
     total = (in_b + w_b + out_b + par_b) / config.ddr_bytes_per_cycle
-    return Roofline(macs, macs / config.peak_macs_per_cycle, in_b + w_b + out_b + par_b,
-                    max(load_port, store_port, total))
+    return Roofline(macs, macs * density / config.peak_macs_per_cycle,
+                    in_b + w_b + out_b + par_b, max(load_port, store_port, total), density)
 
 
 def conv_transpose_roofline(op: ConvTranspose2d, in_shape: tuple[int, int, int, int],
@@ -78,8 +88,10 @@ def conv_transpose_roofline(op: ConvTranspose2d, in_shape: tuple[int, int, int, 
     from .convtranspose import conv_transpose_phases
     parts = [conv_roofline(p.conv, in_shape, config)
              for p in conv_transpose_phases(op, in_shape)]
-    return Roofline(sum(r.macs for r in parts), sum(r.compute_cycles for r in parts),
-                    sum(r.dram_bytes for r in parts), sum(r.dram_cycles for r in parts))
+    macs = sum(r.macs for r in parts)
+    return Roofline(macs, sum(r.compute_cycles for r in parts),
+                    sum(r.dram_bytes for r in parts), sum(r.dram_cycles for r in parts),
+                    sum(r.macs * r.density for r in parts) / macs if macs else 1.0)
 
 
 def alu_roofline(op: Pool2d | Eltwise, shapes: Mapping[str, tuple[int, int, int, int]],

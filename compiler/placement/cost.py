@@ -10,12 +10,13 @@ import numpy as np
 
 from tessera.config import HwConfig
 from tessera.hostmodel import Work
+from tessera.sparsity import block_density
 
 from ..accel.lower import lower_node
 from ..accel.roofline import op_roofline
 from ..frontend.graph import Graph, Node
 
-__all__ = ["accel_seconds", "kernel_kind", "node_work"]
+__all__ = ["accel_seconds", "kernel_kind", "node_weight", "node_work", "weight_density"]
 
 
 def node_work(graph: Graph, node: Node) -> Work:
@@ -109,3 +110,31 @@ def accel_seconds(graph: Graph, node: Node, config: HwConfig) -> float:
     op = lower_node(graph, node, config)
     return config.cycles_to_seconds(op_roofline(op, lambda t: graph.value(t).shape,
                                                 config).bound)
+
+
+#: Nodes whose second input may be a constant weight (of :func:`node_weight`).
+_WEIGHT_OPS = frozenset({"QConv", "Conv", "QGemm", "Gemm", "MatMul"})
+
+
+def node_weight(graph: Graph, node: Node) -> np.ndarray | None:
+    """A conv or dense node's constant weight as ``(outputs, inputs, *taps)`` (the layout
+    :mod:`tessera.sparsity` cuts into blocks), or ``None`` (no constant weight)."""
+    if node.op not in _WEIGHT_OPS or len(node.inputs) < 2 or not node.inputs[1]:
+        return None
+    value = graph.value(node.inputs[1])
+    if not value.is_const or value.data.ndim < 2:
+        return None
+    w = value.data
+    # A MatMul's B and a Gemm's B without transB are (inputs, outputs).
+    if node.op == "MatMul" or (node.op == "Gemm" and not node.attr("transB", 0)):
+        return w.T if w.ndim == 2 else None
+    return w
+
+
+def weight_density(graph: Graph, node: Node, config: HwConfig) -> float | None:
+    """Fraction of a node's weight blocks (the config's GEMM blocks per kernel tap) that
+    hold a non-zero -- the share of its work the accelerator runs -- or ``None`` for a
+    node without a constant weight."""
+    w = node_weight(graph, node)
+    return None if w is None else block_density(w, config.block_out, config.block_in)
+

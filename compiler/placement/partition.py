@@ -53,7 +53,7 @@ from ..accel.lower import accel_unsupported_reason, lowering_note
 from ..cpu.lower import cpu_unsupported_reason
 from ..frontend.graph import Graph, Node
 
-from .cost import accel_seconds, node_work
+from .cost import accel_seconds, node_work, weight_density
 from .dp import solve
 from .problem import ACCEL, CPU, VIEW, Latency, NodeCost, Problem, evaluate
 
@@ -78,6 +78,7 @@ class Placement:
     accel_seconds: float | None = None
     cpu_seconds: float | None = None
     work: Work | None = None
+    density: float | None = None      # of the weight's GEMM blocks (None: no weight)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -101,6 +102,7 @@ class _Facts:
     cpu_reason: str | None = None
     accel_seconds: float | None = None
     accel_reason: str | None = None
+    density: float | None = None
 
 
 def check_strategy(strategy: str) -> None:
@@ -176,7 +178,8 @@ def _node_facts(graph: Graph, node: Node, config: HwConfig, host: HostModel,
         raise CompileError(f"{node.op} node {node.name!r} can run neither on the accelerator "
                            f"({accel_reason}) nor on the CPU ({cpu_reason})", op=node.name)
     acc_s = accel_seconds(graph, node, config) if accel_reason is None else None
-    return _Facts(False, work, cpu_s, cpu_reason, acc_s, accel_reason)
+    return _Facts(False, work, cpu_s, cpu_reason, acc_s, accel_reason,
+                  weight_density(graph, node, config))
 
 
 def _problem(graph: Graph, facts: Sequence[_Facts], host: HostModel) -> Problem:
@@ -218,7 +221,7 @@ def _place_dp(graph: Graph, config: HwConfig, host: HostModel,
         if target == ACCEL:
             why += lowering_note(graph, node, config)
         placements.append(Placement(node.name, node.op, target, why, f.accel_seconds,
-                                    f.cpu_seconds, f.work))
+                                    f.cpu_seconds, f.work, f.density))
     return placements
 
 
@@ -253,7 +256,7 @@ def _place_cpu_only(graph: Graph, config: HwConfig,
             why = (f"{_ms(f.accel_seconds)} on the accelerator; no CPU kernel "
                    f"({f.cpu_reason})" + lowering_note(graph, node, config))
         placements.append(Placement(node.name, node.op, target, why, f.accel_seconds,
-                                    f.cpu_seconds, f.work))
+                                    f.cpu_seconds, f.work, f.density))
     return placements
 
 
@@ -273,7 +276,7 @@ def _place_greedy(graph: Graph, config: HwConfig, host: HostModel,
         target, why = _greedy_choice(graph, node, config, host, force_cpu, f,
                                      produced_on_accel, segment)
         placements.append(Placement(node.name, node.op, target, why, f.accel_seconds,
-                                    f.cpu_seconds, f.work))
+                                    f.cpu_seconds, f.work, f.density))
         if target == ACCEL:
             produced_on_accel.update(node.outputs)
             segment.update(node.outputs)
