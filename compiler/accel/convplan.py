@@ -52,7 +52,7 @@ from tessera.config import HwConfig
 from tessera.isa import get_isa
 
 from .epilogue import EpiloguePlan
-from .convweights import reduction_chunks, sparse_kernel_uops, weight_key
+from .convweights import reduction_chunks, sparse_kernel_uops, weight_key, weight_slot_entries
 from .layout import GroupBlocks, WeightBlocks, ceil_div
 from .ops import Conv2d
 
@@ -372,7 +372,7 @@ def buffer_slots(g: ConvGeom, p: ConvPlan, config: HwConfig) -> tuple[int, int]:
     T = p.threads
     if T == 1:
         return 1, 1
-    inp_slot, wgt_slot = max_input_entries(g, p), p.ob_t * p.j_t * g.khkw
+    inp_slot, wgt_slot = max_input_entries(g, p), weight_slot_entries(g, p)
     n_obt, n_j = ceil_div(g.OB, p.ob_t), ceil_div(g.J, p.j_t)
     n_sp = ceil_div(g.NB, p.nb_t) * ceil_div(g.oh, p.oh_t) * ceil_div(g.ow, p.ow_t)
     extra = (2 << p.ramp) * n_j if p.ramp else 0     # the halved end tiles' own tiles
@@ -471,7 +471,7 @@ def conv_plan_fits(g: ConvGeom, p: ConvPlan, config: HwConfig, ep: EpiloguePlan)
                        for a, b, c, d in tile_shapes(g, p))
     acc_slot += t_rows * len(ep.scratch_groups)
     inp_slot = max_input_entries(g, p)
-    wgt_slot = p.ob_t * p.j_t * g.khkw
+    wgt_slot = weight_slot_entries(g, p)
     params = ep.param_rows(g.OB)
     if p.pipelined:
         acc = p.regions * acc_slot + 2 * params   # the parameter rows in both banks

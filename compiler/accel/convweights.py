@@ -135,3 +135,15 @@ def sparse_kernel_uops(g: "ConvGeom", p: "ConvPlan") -> int:
             counts = [g.blocks.count(ob, j0, j1) for ob in range(a, b)]
             total += sum(counts) * (1 if terms_interleave(counts, d) else max(d, spread))
     return total
+
+
+@lru_cache(maxsize=1 << 12)
+def weight_slot_entries(g: "ConvGeom", p: "ConvPlan") -> int:
+    """Weight buffer entries one slot of plan ``p`` needs: ``ob_t x j_t x kh x kw`` blocks
+    dense, the most non-zero blocks of any step when zero blocks are skipped (so a sparse
+    layer fits larger tiles, which reload less input)."""
+    if g.blocks.is_dense:
+        return p.ob_t * p.j_t * g.khkw
+    return max(sum(g.blocks.count(ob, j0, j1) for ob in range(a, b))
+               for a, b in _ob_ranges(g, p) for j0, j1 in reduction_chunks(g, p))
+
