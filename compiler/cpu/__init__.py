@@ -21,6 +21,9 @@ from .reduce import (REDUCE_OPS, arg_extreme, reduce_max, reduce_mean, reduce_mi
                      reduction)
 from .resize import build_resize
 from .softmax import log_softmax, softmax
+from .sparse import build_conv_nm, build_matmul_nm
+from .sparse_layout import NMLayout, host_vector_bits, nm_layout
+from .sparse_pairs import PairLayout, build_matmul_nm_pairs, nm_pair_layout
 from .strided import (build_depth_to_space, build_expand, build_slice, build_space_to_depth,
                       build_tile)
 
@@ -40,4 +43,7 @@ __all__ = [
     # float linear kernels
     "build_matmul", "build_matmul_integer", "build_gemm", "build_einsum", "build_conv_float",
     "build_conv_transpose_float",
+    # N:M sparse kernels and their compressed weight layout
+    "build_conv_nm", "build_matmul_nm", "NMLayout", "nm_layout", "host_vector_bits",
+    "build_matmul_nm_pairs", "PairLayout", "nm_pair_layout",
 ]

@@ -10,6 +10,8 @@ The int8 forms are the fused ``tessera`` nodes of :mod:`.lower_quantized`.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from tessera.errors import CpuKernelError
 
 from ..cpu import TensorSpec
@@ -20,6 +22,7 @@ from .lower_plan import LowerFn, NodeLowering, Plan, Unsupported, first_input, s
 from .matmul import (build_einsum, build_gemm, build_matmul, einsum_output_shape,
                      matmul_output_shape)
 from .reduce import ARG_DTYPES, arg_extreme
+from .sparse_lower import nm_conv_step, nm_matmul_step
 
 __all__ = ["LINEAR_LOWERINGS"]
 
@@ -42,6 +45,12 @@ def _checked(low: NodeLowering, shape_of, *args) -> None:
 def _matmul(low: NodeLowering) -> list[Plan]:
     a, b = (low.spec(low.node.input(i), FLOAT) for i in (0, 1))
     _checked(low, matmul_output_shape, a.shape, b.shape)
+    weight = low.graph.const(low.node.input(1))
+    if weight is not None and weight.ndim == 2:   # N:M sparse B (K, N): along K
+        step = nm_matmul_step(low, None, low.node.input(0), a, np.ascontiguousarray(
+            weight.T), low.output().name)
+        if step is not None:
+            return [step]
     return single_step(low, build_matmul, a, b)
 
 
@@ -58,8 +67,30 @@ def _gemm(low: NodeLowering) -> list[Plan]:
     low.require(low.output().shape == (m, n), f"output {list(low.output().shape)} is not "
                 f"[{m}, {n}]")
     inputs = [low.node.input(0), low.node.input(1)] + ([low.node.input(2)] if c else [])
+    step = None if trans_a else _sparse_gemm(low, a, c, trans_b, beta)
+    if step is not None:
+        return [step]
     return single_step(low, build_gemm, a, b, c, trans_a, trans_b,
                        float(low.attr("alpha", 1.0)), beta, inputs=inputs)
+
+
+def _sparse_gemm(low: NodeLowering, a: TensorSpec, c: TensorSpec | None, trans_b: bool,
+                 beta: float) -> Plan | None:
+    """Gemm with a constant N:M sparse ``B`` and a ``C`` that is one value per output
+    column (or none): the sparse kernel, ``alpha`` folded into the weights and
+    ``beta * C`` its bias."""
+    b_data = low.graph.const(low.node.input(1))
+    c_data = low.graph.const(low.node.input(2)) if c is not None else None
+    n = low.output().shape[1]
+    if b_data is None or (c is not None and (c_data is None or c.shape not in
+                                              ((n,), (1, n)))):
+        return None
+    w = (b_data if trans_b else b_data.T) * np.float32(low.attr("alpha", 1.0))
+    bias = None
+    if c is not None:
+        bias = (low.tmp("nm_bias"), (np.float32(beta) * c_data.reshape(n)).astype(np.float32))
+    return nm_matmul_step(low, None, low.node.input(0), a,
+                          np.ascontiguousarray(w, np.float32), low.output().name, bias)
 
 
 def _einsum(low: NodeLowering) -> list[Plan]:
@@ -97,6 +128,13 @@ def _conv(low: NodeLowering) -> list[Plan]:
         pads = [0] * (2 * sp) if auto_pad == "VALID" else \
             [int(p) for p in low.attr("pads", [0] * (2 * sp))]
     _checked(low, lambda: conv_geometry(x, w, bias, pads=pads, **attrs).out_shape)
+    weight = low.graph.const(low.node.input(1))
+    if weight is not None:     # an N:M sparse constant weight: the sparse kernel
+        bias_in = (low.node.input(2), low.graph.const(low.node.input(2))) if bias else None
+        step = nm_conv_step(low, None, low.node.input(0), x, weight, low.output().name,
+                            {"pads": pads, **attrs}, bias_in)
+        if step is not None:
+            return [step]
     return single_step(low, build_conv_float, x, w, bias, pads=pads, **attrs)
 
 

@@ -22,6 +22,7 @@ from ..frontend.qlinear import qlinear_add_coefficients
 from ..frontend.qshift import model_domain, qadd_reference
 from .lower_onnx import pool_window
 from .qsoftmax import lower_qsoftmax
+from .sparse_lower import nm_conv_step, nm_matmul_step
 from .lower_plan import (QUANT_DTYPES, LowerFn, NodeLowering, Operands, Plan, first_input,
                          single_step)
 
@@ -159,6 +160,10 @@ def _qconv(low: NodeLowering) -> list[Plan]:
         suffix = f"conv{k or ''}"
         w_name = low.node.input(1) if part is w else low.tmp(f"weight{k}")
         accs.append(low.tmp(f"acc{k or ''}"))
+        sparse = nm_conv_step(low, suffix, x_int8, x, part, accs[-1], geometry)
+        if sparse is not None:      # an N:M sparse weight: the sparse kernel
+            plans.append(sparse)
+            continue
         plans.append(Plan(suffix, (x_int8, w_name), (accs[-1],),
                           lambda: build_conv_int8(x, w_spec, False, **geometry), {w_name: part}))
     plans.append(_requantize(low, accs, acc_shape, offset[None], _channel_scales(low, m),
@@ -198,6 +203,10 @@ def _qgemm(low: NodeLowering) -> list[Plan]:
     for k, part in enumerate(_int8_parts(w)):
         weight_t = low.tmp(f"weight_t{k or ''}")
         accs.append(low.tmp(f"acc{k or ''}"))
+        sparse = nm_matmul_step(low, f"matmul{k or ''}", x_int8, x, part, accs[-1])
+        if sparse is not None:      # an N:M sparse weight: the sparse kernel
+            plans.append(sparse)
+            continue
         plans.append(Plan(f"matmul{k or ''}", (x_int8, weight_t), (accs[-1],),
                           lambda: build_matmul_int8(x, wt_spec),
                           {weight_t: np.ascontiguousarray(part.T)}))

@@ -70,7 +70,7 @@ def test_two_virtual_threads_hide_latency():
 
 def test_a_layer_too_big_for_the_buffers_is_explained():
     small = PRESETS["tiny"].replace(name="small", wgt_depth=16)
-    w = np.zeros((4, 4, 5, 5), np.int8)
+    w = np.ones((4, 4, 5, 5), np.int8)     # (all zeros would need no weight buffer at all)
     with pytest.raises(CompileError, match=r"conv2d 'big': no tiling fits config 'small'.*"
                                            r"weight tile of 1 output block\(s\) x 1 input "
                                            r"block\(s\) x 25 taps needs 25 entries.*weight "
