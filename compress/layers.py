@@ -4,7 +4,11 @@ orientation.
 A prunable layer is a Conv with ``group`` 1, a Gemm or a 2-D MatMul whose weight (input 1)
 is a float initializer used by that node alone. Its weight is handled as ``(O, I, *taps)``
 -- the orientation of :mod:`tessera.sparsity`'s blocks -- whatever its layout in the
-file: a Gemm with ``transB=0`` and a MatMul keep theirs as ``(K, N)``, the transpose.
+file: a Gemm with ``transB=0`` and a MatMul keep theirs as ``(K, N)``, the transpose. A
+dense layer reading the ``Flatten`` of an image ``(C, H, W)`` is seen as ``(O, C, H, W)``:
+the compiler runs it as a convolution whose kernel covers the image
+(``compiler/accel/lower.py``'s ``convert_flattened_gemms``, and the CPU kernels likewise),
+so its blocks and N:M groups run along the channels at each pixel.
 """
 from __future__ import annotations
 
@@ -35,19 +39,17 @@ class Layer:
     weight: str          #: the weight initializer's name
     transposed: bool     #: the file holds the weight as (K, N), not (O, I, ...)
     macs: int            #: multiply-accumulates of one run
+    image: tuple[int, ...] | None = None   #: (C, H, W) of a dense layer's flattened input
 
     def oriented(self, w: np.ndarray) -> np.ndarray:
         """The file's weight array as ``(O, I, *taps)``."""
-        return w.T if self.transposed else w
+        w = w.T if self.transposed else w
+        return w.reshape(w.shape[0], *self.image) if self.image else w
 
     def stored(self, w: np.ndarray) -> np.ndarray:
         """An ``(O, I, *taps)`` array back in the file's orientation."""
+        w = w.reshape(w.shape[0], -1) if self.image else w
         return np.ascontiguousarray(w.T if self.transposed else w)
-
-    @property
-    def reduction_axis(self) -> int:
-        """The N:M groups' axis in the file's orientation (:func:`tessera.sparsity.nm_groups`)."""
-        return 0 if self.transposed else 1
 
 
 def node_name(node: onnx.NodeProto) -> str:
@@ -62,20 +64,34 @@ def _attribute(node: onnx.NodeProto, name: str, default: int) -> int:
     return default
 
 
-def _output_sizes(model: onnx.ModelProto,
-                  input_shapes: Mapping[str, Sequence[int]]) -> dict[str, int]:
-    """Element count of every tensor whose shape inference finds static, the inputs of
+def _static_shapes(model: onnx.ModelProto,
+                   input_shapes: Mapping[str, Sequence[int]]) -> dict[str, tuple[int, ...]]:
+    """The shape of every tensor whose shape inference finds static, the inputs of
     ``input_shapes`` taken as that shape (a model with a dynamic batch is sized by the
     samples it is pruned on)."""
     if input_shapes:
         model = _with_input_shapes(model, input_shapes)
     inferred = onnx.shape_inference.infer_shapes(model)
-    sizes = {}
+    shapes = {}
     for v in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]:
         dims = v.type.tensor_type.shape.dim
         if v.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in dims):
-            sizes[v.name] = int(np.prod([d.dim_value for d in dims]))
-    return sizes
+            shapes[v.name] = tuple(d.dim_value for d in dims)
+    return shapes
+
+
+def _flattened_image(model: onnx.ModelProto, node: onnx.NodeProto, uses: Counter,
+                     shapes: Mapping[str, tuple[int, ...]]) -> tuple[int, ...] | None:
+    """``(C, H, W)`` when a dense layer's input is the ``Flatten`` (axis 1) of an image that
+    nothing else reads -- the form the compiler runs as a convolution over the image."""
+    if node.op_type not in ("Gemm", "MatMul"):
+        return None
+    flatten = next((n for n in model.graph.node if node.input[0] in n.output), None)
+    if flatten is None or flatten.op_type != "Flatten" or _attribute(flatten, "axis", 1) != 1:
+        return None
+    image = shapes.get(flatten.input[0])
+    return image[1:] if image is not None and len(image) == 4 and \
+        uses[flatten.output[0]] == 1 else None
 
 
 def _with_input_shapes(model: onnx.ModelProto,
@@ -122,7 +138,7 @@ def find_layers(model: onnx.ModelProto,
                  CLI: "prune the float model, then compile it with tessera compile"})
     weights = {t.name: t for t in model.graph.initializer}
     uses = Counter(name for node in model.graph.node for name in node.input)
-    sizes = _output_sizes(model, input_shapes or {})
+    shapes = _static_shapes(model, input_shapes or {})
     layers = []
     for node in model.graph.node:
         transposed = _layer_kind(node, weights, uses)
@@ -135,14 +151,15 @@ def find_layers(model: onnx.ModelProto,
                                "weight; the pruner works on float models", op=node_name(node))
         dims = list(tensor.dims)
         reduction = int(np.prod(dims[1:])) if not transposed else dims[0]
-        if node.output[0] not in sizes:
+        if node.output[0] not in shapes:
             raise CompileError(f"layer {node_name(node)!r}: its output shape is not static, so "
                                "its work (MACs) is unknown", op=node_name(node),
                                fix={PYTHON: "give the model static shapes (e.g. with "
                                             "onnx.shape_inference)",
                                     CLI: "give the model static shapes"})
         layers.append(Layer(node_name(node), node.op_type, node.input[1], transposed,
-                            sizes[node.output[0]] * reduction))
+                            int(np.prod(shapes[node.output[0]])) * reduction,
+                            _flattened_image(model, node, uses, shapes)))
     return layers
 
 

@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tessera.compress.layers import find_layers
+from tessera.compiler import zoo
+from tessera.compress.layers import find_layers, weight_arrays
 from tessera.compress.patterns import Pattern, prune_blocks, prune_nm
 from tessera.sparsity import NM_PATTERNS, is_nm_sparse, nm_pattern, nonzero_blocks, weight_blocks
 
@@ -76,7 +77,7 @@ def test_dense_layouts_are_oriented_as_out_in():
         ("mm", True, 2 * 32 * 16), ("gemm_kn", True, 2 * 24 * 32), ("gemm_nk", False, 2 * 8 * 24)]
     w = np.random.default_rng(0).standard_normal((16, 32)).astype(np.float32)   # (K, N)
     mm = layers["mm"]
-    assert mm.oriented(w).shape == (32, 16) and mm.reduction_axis == 0
+    assert mm.oriented(w).shape == (32, 16)
     stored = mm.stored(prune_nm(mm.oriented(w), 2, 4))
     assert is_nm_sparse(stored, 2, 4, axis=0) and not is_nm_sparse(stored, 2, 4, axis=1)
 
@@ -87,3 +88,30 @@ def test_pattern_prune_at_zero_is_a_copy(sparsity):
     out = Pattern("block", block=(4, 4)).prune(w, sparsity)
     assert out is not w
     assert np.array_equal(out, w) == (sparsity == 0)
+
+
+def test_a_dense_layer_on_a_flattened_image_is_pruned_as_the_compiler_runs_it():
+    """LeNet's first fc layer reads Flatten(16 x 5 x 5): the compiler runs it as a
+    convolution over the image, so its blocks run along channels per pixel; pruned that
+    way, the compiled layer has the zero blocks the pruner made."""
+    import warnings
+
+    import tessera
+    from tessera.compress import prune
+    from tessera.sparsity import block_density
+
+    model = zoo.lenet()
+    fc = next(layer for layer in find_layers(model) if layer.op == "Gemm")
+    assert fc.image is not None and len(fc.image) == 3
+    w = weight_arrays(model, [fc])[fc.weight]
+    assert fc.oriented(w).shape[1:] == fc.image
+    assert np.array_equal(fc.stored(fc.oriented(w)), w)
+    calibration = zoo.calibration_data(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pruned = prune(model, sparsity=0.75, strategy="uniform", calibration=calibration)
+    compiled = tessera.compile(pruned.model, "pynq", calibration=calibration).compiled
+    conv_of_fc = [p for p in compiled.placements if p.op == "QConv" and p.density is not None]
+    assert len(conv_of_fc) >= 3
+    assert max(p.density for p in conv_of_fc) <= 0.3
+
