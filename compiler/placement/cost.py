@@ -10,7 +10,7 @@ import numpy as np
 
 from tessera.config import HwConfig
 from tessera.hostmodel import Work
-from tessera.sparsity import block_density
+from tessera.sparsity import block_density, nm_pattern
 
 from ..accel.lower import lower_node
 from ..accel.roofline import op_roofline
@@ -21,8 +21,9 @@ __all__ = ["accel_seconds", "kernel_kind", "node_weight", "node_work", "weight_d
 
 def node_work(graph: Graph, node: Node) -> Work:
     """The features of ``node`` as one CPU kernel call (:class:`~tessera.hostmodel.Work`):
-    its kernel kind, ops (MACs, or a pool's window taps), output elements, and the bytes
-    of its tensors read and written."""
+    its kernel kind, ops (MACs -- those of the kept weights of an N:M sparse weight --, or
+    a pool's window taps), output elements, and the bytes of its tensors read and
+    written."""
     nbytes = sum(graph.value(t).size * np.dtype(graph.value(t).dtype).itemsize
                  for t in [*node.inputs, *node.outputs] if t)
     elements = sum(graph.value(t).size for t in node.outputs if t)
@@ -32,8 +33,16 @@ def node_work(graph: Graph, node: Node) -> Work:
     elif kind == "reduce":
         ops = graph.value(node.inputs[0]).size
     else:
-        ops = _node_macs(graph, node)
+        ops = _node_macs(graph, node) * _kept_share(graph, node)
     return Work(kind, int(ops), int(elements), int(nbytes))
+
+
+def _kept_share(graph: Graph, node: Node) -> float:
+    """The share of a node's MACs its CPU kernel does: ``n / m`` for a constant weight of
+    an N:M pattern (the sparse kernels multiply only the kept weights), else 1."""
+    w = node_weight(graph, node)
+    pattern = None if w is None else nm_pattern(w, axis=1)
+    return 1.0 if pattern is None else pattern[0] / pattern[1]
 
 
 def kernel_kind(graph: Graph, node: Node) -> str:
