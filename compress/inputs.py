@@ -4,17 +4,16 @@ Python argument and the CLI flag that fix it."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import onnx
-from onnx import helper
 
+from tessera.compiler.frontend import onnx_import, quantize
 from tessera.compiler.frontend.zoo import calibration_data
 from tessera.errors import CLI, PYTHON, CompileError
 
-__all__ = ["RANDOM_SAMPLES", "check_fraction", "load_model", "model_inputs", "prune_feeds"]
+__all__ = ["RANDOM_SAMPLES", "check_fraction", "load_model", "prune_feeds"]
 
 #: Random calibration samples when none are given: the per-layer errors are relative
 #: output changes, which a few samples already rank; every sample is one more run per
@@ -27,22 +26,9 @@ _CALIBRATION_FIX = {PYTHON: "pass calibration=[{input name: array}, ...] with on
 
 
 def load_model(model: Any) -> onnx.ModelProto:
-    """``model`` as a ModelProto (from a path, or as given)."""
-    if isinstance(model, onnx.ModelProto):
-        return model
-    if not isinstance(model, (str, Path)):
-        raise CompileError(f"model must be an onnx.ModelProto or a path, not "
-                           f"{type(model).__name__}")
-    path = Path(model)
-    if not path.is_file():
-        raise CompileError(f"model file {str(path)!r} does not exist")
-    try:
-        proto = onnx.load(str(path))
-    except Exception as exc:  # noqa: BLE001  (protobuf raises several unrelated types)
-        raise CompileError(f"{str(path)!r} is not an ONNX model: {exc}") from None
-    if not proto.HasField("graph"):
-        raise CompileError(f"{str(path)!r} is empty or not an ONNX model (it has no graph)")
-    return proto
+    """``model`` (a ModelProto, a path or bytes) as a private ModelProto copy
+    (:class:`CompileError` for anything that is not an ONNX model)."""
+    return onnx_import.load_model(model)[0]
 
 
 def check_fraction(value: float | None, argument: str, flag: str, *,
@@ -60,20 +46,6 @@ def check_fraction(value: float | None, argument: str, flag: str, *,
                            fix={PYTHON: f"pass {argument}= a number {allowed}",
                                 CLI: f"give {flag} a number {allowed}"})
     return value
-
-
-def model_inputs(model: onnx.ModelProto) -> dict[str, tuple[list[int | None], np.dtype]]:
-    """``{input name: (dims, None where dynamic; dtype)}`` of the model's real inputs (not
-    the initializers old models list as inputs too)."""
-    weights = {t.name for t in model.graph.initializer}
-    inputs = {}
-    for v in model.graph.input:
-        if v.name in weights:
-            continue
-        t = v.type.tensor_type
-        dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
-        inputs[v.name] = (dims, np.dtype(helper.tensor_dtype_to_np_dtype(t.elem_type)))
-    return inputs
 
 
 def _check_feed(i: int, feed: Any, inputs: dict) -> dict[str, np.ndarray]:
@@ -105,7 +77,7 @@ def prune_feeds(model: onnx.ModelProto, calibration: Sequence[Mapping[str, Any]]
                 ) -> tuple[list[dict[str, np.ndarray]], bool]:
     """The calibration feeds, checked against the model's inputs, and whether they are
     random (``calibration`` None: :data:`RANDOM_SAMPLES` seeded standard normal feeds)."""
-    inputs = model_inputs(model)
+    inputs = quantize.model_inputs(model)
     if calibration is None:
         try:
             feeds = calibration_data(model, RANDOM_SAMPLES, seed=0)

@@ -59,7 +59,7 @@ def import_onnx(model: ModelSource,
     :func:`fold_constants`) and unused nodes removed. Raises :class:`CompileError` for
     anything the compiler cannot take, naming the node, tensor or attribute to blame.
     """
-    proto, source = _load(model)
+    proto, source = load_model(model)
     repair_ir(proto, source)
     opset = check_opset(proto, source)
     if proto.functions:
@@ -90,8 +90,9 @@ def import_onnx(model: ModelSource,
     return graph
 
 
-def _load(model: ModelSource) -> tuple[onnx.ModelProto, str]:
-    """A private copy of the model and how to call it in messages."""
+def load_model(model: ModelSource) -> tuple[onnx.ModelProto, str]:
+    """A private copy of the model (a ``ModelProto``, a path or bytes) and how to call it in
+    messages; :class:`CompileError` for anything that is not an ONNX model."""
     if isinstance(model, onnx.ModelProto):
         proto = onnx.ModelProto()
         proto.CopyFrom(model)

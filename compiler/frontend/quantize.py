@@ -138,13 +138,13 @@ def _checked_samples(model: onnx.ModelProto, calibration: Sequence[Feed]) -> lis
     if not samples:
         raise CompileError("quantization needs calibration data: a non-empty list of input "
                            "feeds [{input name: array}, ...], e.g. a few hundred real inputs")
-    expected = _model_inputs(model)
+    expected = model_inputs(model)
     for index, sample in enumerate(samples):
         _check_sample(index, sample, expected)
     return samples
 
 
-def _model_inputs(model: onnx.ModelProto) -> dict[str, tuple[tuple[int | None, ...], np.dtype]]:
+def model_inputs(model: onnx.ModelProto) -> dict[str, tuple[tuple[int | None, ...], np.dtype]]:
     """Each model input (not initializer) with its shape (None for a dynamic dim) and dtype."""
     constants = {t.name for t in model.graph.initializer}
     inputs = {}

@@ -76,7 +76,7 @@ def test_bad_flags_get_flag_advice(lenet_file, tmp_path, capsys, flags, advice):
 def test_bad_files(lenet_file, tmp_path, capsys):
     path, _ = lenet_file
     assert main(["prune", str(tmp_path / "none.onnx"), "--sparsity", "0.5"]) == 2
-    assert "does not exist" in capsys.readouterr().err
+    assert "there is no such file" in capsys.readouterr().err
     bad = tmp_path / "bad.npz"
     np.savez(bad, other=np.zeros((1, 1, 28, 28), np.float32))
     assert main(["prune", str(path), "--sparsity", "0.5", "--calibration", str(bad)]) == 2
