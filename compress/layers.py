@@ -123,12 +123,28 @@ def _layer_kind(node: onnx.NodeProto, weights: dict[str, onnx.TensorProto],
 
 
 def find_layers(model: onnx.ModelProto,
-                input_shapes: Mapping[str, Sequence[int]] | None = None) -> list[Layer]:
+                feed: Mapping[str, np.ndarray] | None = None) -> list[Layer]:
     """The model's prunable layers in graph order (see the module doc), their MACs for
-    inputs of ``input_shapes`` (``{name: shape}``; default: the model's own).
+    inputs of ``feed``'s shapes (default: the model's own). Shapes come from ONNX shape
+    inference; those it cannot find (behind a computed Reshape, say) from one onnxruntime
+    run of ``feed``.
 
     :class:`CompileError` for a quantized model or a prunable layer with an integer weight.
     """
+    _check_float_model(model)
+    weights = {t.name: t for t in model.graph.initializer}
+    uses = Counter(name for node in model.graph.node for name in node.input)
+    nodes = [(node, t) for node in model.graph.node
+             if (t := _layer_kind(node, weights, uses)) is not None]
+    shapes = _static_shapes(model, {k: np.shape(v) for k, v in (feed or {}).items()})
+    wanted = {n for node, _ in nodes for n in (node.output[0], *_producer_inputs(model, node))}
+    if wanted - set(shapes) and feed:
+        shapes.update(_measured_shapes(model, feed, sorted(wanted - set(shapes))))
+    return [_layer(model, node, transposed, weights[node.input[1]], uses, shapes)
+            for node, transposed in nodes]
+
+
+def _check_float_model(model: onnx.ModelProto) -> None:
     quantized = sorted({n.op_type for n in model.graph.node} & QUANTIZED_OPS)
     if quantized:
         raise CompileError(
@@ -136,31 +152,49 @@ def find_layers(model: onnx.ModelProto,
             "the pruner works on float models",
             fix={PYTHON: "prune the float model, then quantize it (tessera.compile does)",
                  CLI: "prune the float model, then compile it with tessera compile"})
-    weights = {t.name: t for t in model.graph.initializer}
-    uses = Counter(name for node in model.graph.node for name in node.input)
-    shapes = _static_shapes(model, input_shapes or {})
-    layers = []
-    for node in model.graph.node:
-        transposed = _layer_kind(node, weights, uses)
-        if transposed is None:
-            continue
-        tensor = weights[node.input[1]]
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
-        if np.dtype(dtype).kind != "f":
-            raise CompileError(f"layer {node_name(node)!r} ({node.op_type}) has a {dtype} "
-                               "weight; the pruner works on float models", op=node_name(node))
-        dims = list(tensor.dims)
-        reduction = int(np.prod(dims[1:])) if not transposed else dims[0]
-        if node.output[0] not in shapes:
-            raise CompileError(f"layer {node_name(node)!r}: its output shape is not static, so "
-                               "its work (MACs) is unknown", op=node_name(node),
-                               fix={PYTHON: "give the model static shapes (e.g. with "
-                                            "onnx.shape_inference)",
-                                    CLI: "give the model static shapes"})
-        layers.append(Layer(node_name(node), node.op_type, node.input[1], transposed,
-                            int(np.prod(shapes[node.output[0]])) * reduction,
-                            _flattened_image(model, node, uses, shapes)))
-    return layers
+
+
+def _producer_inputs(model: onnx.ModelProto, node: onnx.NodeProto) -> list[str]:
+    """The inputs of the node producing ``node``'s first input (a Flatten's image)."""
+    producer = next((n for n in model.graph.node if node.input[0] in n.output), None)
+    return list(producer.input[:1]) if producer is not None else []
+
+
+def _measured_shapes(model: onnx.ModelProto, feed: Mapping[str, np.ndarray],
+                     names: Sequence[str]) -> dict[str, tuple[int, ...]]:
+    """The shapes of tensors ``names`` in one onnxruntime run of ``feed``."""
+    import onnxruntime as ort
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    outputs = {o.name for o in probe.graph.output}
+    probe.graph.output.extend(onnx.helper.make_empty_tensor_value_info(n) for n in names
+                              if n not in outputs)
+    session = ort.InferenceSession(probe.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    known = {o.name for o in session.get_outputs()}
+    names = [n for n in names if n in known]
+    return {n: tuple(a.shape) for n, a in zip(names, session.run(names, dict(feed)))}
+
+
+def _layer(model: onnx.ModelProto, node: onnx.NodeProto, transposed: bool,
+           tensor: onnx.TensorProto, uses: Counter,
+           shapes: Mapping[str, tuple[int, ...]]) -> Layer:
+    """One prunable layer (errors for an integer weight or an unknown output shape)."""
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
+    if np.dtype(dtype).kind != "f":
+        raise CompileError(f"layer {node_name(node)!r} ({node.op_type}) has a {dtype} "
+                           "weight; the pruner works on float models", op=node_name(node))
+    dims = list(tensor.dims)
+    reduction = int(np.prod(dims[1:])) if not transposed else dims[0]
+    if node.output[0] not in shapes:
+        raise CompileError(f"layer {node_name(node)!r}: its output shape is not static, so "
+                           "its work (MACs) is unknown", op=node_name(node),
+                           fix={PYTHON: "pass calibration= feeds (their run gives the shapes)",
+                                CLI: "give --calibration FILE.npz (its run gives the shapes)"})
+    return Layer(node_name(node), node.op_type, node.input[1], transposed,
+                 int(np.prod(shapes[node.output[0]])) * reduction,
+                 _flattened_image(model, node, uses, shapes))
 
 
 def weight_arrays(model: onnx.ModelProto, layers: list[Layer]) -> dict[str, np.ndarray]:

@@ -132,7 +132,7 @@ def _layers(model: onnx.ModelProto, skip: Sequence[str],
     skipped; errors for unknown skips."""
     if isinstance(skip, str):
         skip = (skip,)
-    layers = find_layers(model, {name: a.shape for name, a in feed.items()})
+    layers = find_layers(model, feed)
     names = {layer.node for layer in layers}
     unknown = sorted(set(skip) - names)
     if unknown:
