@@ -167,8 +167,9 @@ def main() -> int:
     ok = all(r.meets and r.exact for r in target) and all(r.exact for r in rows)
     if target:
         worst = max(target, key=lambda r: r.sparse / r.ideal)
-        print(f"\nat {TARGET_SPARSITY:.0%}: sparse / ideal {min(r.sparse / r.ideal for r in target):.3f}"
-              f" to {worst.sparse / worst.ideal:.3f} ({worst.name}); "
+        best = min(r.sparse / r.ideal for r in target)
+        print(f"\nat {TARGET_SPARSITY:.0%}: sparse / ideal {best:.3f} to "
+              f"{worst.sparse / worst.ideal:.3f} ({worst.name}); "
               f"{sum(r.meets for r in target)}/{len(target)} within {SLACK} x ideal + fixed")
     if not args.no_model:
         print(f"\nResNet-18 (zoo, float) pruned uniformly, quantized, on {config.name!r}:\n")
