@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from .errors import CLI, PYTHON, ConfigError
 
 #: The four modules of the accelerator, in the order ``module_ports`` lists them.
 MODULES: tuple[str, ...] = ("fetch", "load", "compute", "store")
@@ -83,7 +83,8 @@ class HwConfig:
     part: str = "xc7z020clg400-1"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "module_ports", tuple(self.module_ports))
+        if isinstance(self.module_ports, list):      # as JSON gives it
+            object.__setattr__(self, "module_ports", tuple(self.module_ports))
         self._validate()
 
     # ----------------------------------------------------------- validation
@@ -95,6 +96,11 @@ class HwConfig:
             value = getattr(self, f.name)
             if f.type in ("int", int) and (not isinstance(value, int) or isinstance(value, bool)):
                 fail(f"{f.name} must be an integer, not {value!r}")
+            if f.type in ("float", float) and (not isinstance(value, (int, float))
+                                               or isinstance(value, bool)):
+                fail(f"{f.name} must be a number, not {value!r}")
+            if f.type in ("str", str) and not isinstance(value, str):
+                fail(f"{f.name} must be a string, not {value!r}")
         for name in ("batch", "block_in", "block_out", "uop_depth", "inp_depth",
                      "wgt_depth", "acc_depth", "out_depth", "bus_bytes"):
             value = getattr(self, name)
@@ -123,9 +129,9 @@ class HwConfig:
             fail(f"loop_bits must be in [1, 16], not {self.loop_bits}")
         if self.dram_ports < 1:
             fail(f"dram_ports must be at least 1, not {self.dram_ports}")
-        if len(self.module_ports) != len(MODULES):
-            fail(f"module_ports must give one port for each of {MODULES}, "
-                 f"not {len(self.module_ports)} entries")
+        if not isinstance(self.module_ports, tuple) or len(self.module_ports) != len(MODULES):
+            fail(f"module_ports must give one port for each of {MODULES}, not "
+                 f"{self.module_ports!r}")
         for module, port in zip(MODULES, self.module_ports):
             if not isinstance(port, int) or not 0 <= port < self.dram_ports:
                 fail(f"module_ports[{module}] must be a port in [0, {self.dram_ports - 1}], "
@@ -241,23 +247,47 @@ class HwConfig:
 
     @classmethod
     def from_json(cls, text: str) -> "HwConfig":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"config JSON is not valid JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise ConfigError("config JSON must be an object of HwConfig fields")
-        return cls.from_dict(data)
+        return cls.from_dict(_json_object(text))
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json() + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> "HwConfig":
+        """A config file as :meth:`save` writes it: every field given, none unknown (a
+        file is a whole config; unlike a ``.tsr``'s config, which older files may write
+        with fewer fields). Every error names the file."""
         try:
-            return cls.from_json(Path(path).read_text())
+            text = Path(path).read_text()
         except OSError as exc:
             raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+        try:
+            data = _json_object(text)
+            missing = [f.name for f in dataclasses.fields(cls) if f.name not in data]
+            if missing:
+                raise ConfigError(f"fields {missing} are missing (a config file gives every "
+                                  "field, as HwConfig.save writes it)", fix=_CONFIG_FILE_FIX)
+            return cls.from_dict(data)
+        except ConfigError as exc:
+            raise ConfigError(f"config file {path}: {exc.args[0]}", fix=exc.fix) from None
+
+
+#: How to make a whole config file.
+_CONFIG_FILE_FIX = {
+    PYTHON: "start from a preset: get_config('pynq').replace(batch=2, ...).save(path)",
+    CLI: "start from a preset's file, written by python -c \"from tessera.config import "
+         "get_config; get_config('pynq').save('my.json')\", and edit its values"}
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    """``text`` parsed as a JSON object (:class:`ConfigError` otherwise)."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"config JSON is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError("config JSON must be an object of HwConfig fields")
+    return data
 
 
 #: Built-in presets. ``pynq`` is the default.

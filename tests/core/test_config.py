@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 
@@ -70,3 +71,38 @@ def test_config_is_frozen_and_hashable():
     with pytest.raises(Exception):
         c.batch = 2  # type: ignore[misc]
     assert {c: 1}[c.replace()] == 1
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d.pop("batch"), r"fields \['batch'\] are missing"),
+    (lambda d: d.update(blok_in=4), r"unknown HwConfig fields \['blok_in'\]"),
+    (lambda d: d.update(batch="two"), "batch must be an integer, not 'two'"),
+    (lambda d: d.update(batch=3), "batch must be a power of two"),
+    (lambda d: d.update(clock_mhz=None), "clock_mhz must be a number, not None"),
+    (lambda d: d.update(module_ports=5), "module_ports must give one port for each"),
+    (lambda d: d.update(module_ports={"load": 0}), r"module_ports lacks"),
+    (lambda d: d.update(name=7), "name must be a string"),
+])
+def test_config_file_errors_name_the_file_and_the_key(tmp_path, edit, message):
+    """A config file is a whole config: a missing, unknown or malformed key is an error
+    naming the file and the key (a .tsr's config, from_dict, stays lenient on missing keys
+    so older files load)."""
+    data = PRESETS["pynq"].to_dict()
+    edit(data)
+    path = tmp_path / "my.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=f"config file {re.escape(str(path))}: {message}"):
+        get_config(path)
+
+
+def test_a_missing_key_says_how_to_write_a_whole_file_in_each_interface(tmp_path):
+    from tessera.errors import CLI
+    data = PRESETS["pynq"].to_dict()
+    del data["clock_mhz"]
+    path = tmp_path / "my.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError) as exc:
+        HwConfig.load(path)
+    assert ".save(path)" in str(exc.value) and "python -c" in exc.value.describe(CLI)
+    del data["batch"]
+    assert HwConfig.from_dict(data).batch == PRESETS["pynq"].batch   # .tsr files: lenient
