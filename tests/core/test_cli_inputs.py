@@ -9,6 +9,7 @@ import onnx
 import pytest
 
 from tessera.cli import main
+from tessera.config import PRESETS
 from tessera.cli_inputs import calibration_samples, input_feeds
 from tessera.compiler import zoo
 from tessera.errors import TesseraError
@@ -137,5 +138,9 @@ def test_missing_config_file_is_named(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"config file '{tmp_path / 'board.json'}' does not exist" in err
     (tmp_path / "board.json").write_text(json.dumps({"name": "mine"}))
+    assert main(["isa", "--config", str(tmp_path / "board.json")]) == 2
+    err = capsys.readouterr().err
+    assert f"config file {tmp_path / 'board.json'}: fields [" in err and "python -c" in err
+    PRESETS["pynq"].replace(name="mine").save(tmp_path / "board.json")
     assert main(["isa", "--config", str(tmp_path / "board.json")]) == 0
     assert "'mine'" in capsys.readouterr().out
