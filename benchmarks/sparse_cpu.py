@@ -35,7 +35,7 @@ import numpy as np
 from tessera.compiler.cpu import (TensorSpec, build_conv_float, build_conv_int8, build_gemm,
                                   build_matmul_int8)
 from tessera.compiler.cpu.sparse import build_conv_nm, build_matmul_nm
-from tessera.compiler.cpu.sparse_layout import host_vector_bits, nm_layout
+from tessera.compiler.cpu.sparse_layout import host_byte_dots, host_vector_bits, nm_layout
 from tessera.compiler.cpu.sparse_lower import nm_matmul_kernel
 from tessera.runtime.cpu import load_kernel
 
@@ -249,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
                     row = run_row(row, case(dims, kind, pattern, rng), repeats)
                     rows.append(row)
                     print(f"  {name} {kind} {pattern}: done", file=sys.stderr, flush=True)
-    print(f"host vectors: {host_vector_bits()} bits")
+    print(f"host vectors: {host_vector_bits()} bits; int8 byte dot products (AVX512-VNNI): "
+          f"{'yes' if host_byte_dots() else 'no'}")
     print(format_table(rows, args.markdown))
     failed = [r for r in rows if not r.ok]
     print(f"{len(rows) - len(failed)}/{len(rows)} rows right and on target "

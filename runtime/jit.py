@@ -25,6 +25,7 @@ import llvmlite
 import llvmlite.binding as llvm
 
 from tessera.cache import cache_dir
+from tessera.compiler.cpu.sparse_dots import specialize_for_host
 from tessera.errors import CpuKernelError
 
 #: Bump when the optimisation pipeline or the file layout changes.
@@ -108,6 +109,7 @@ class Jit:
     def compile(self, ir: str) -> JitModule:
         """Optimise and JIT ``ir`` (or fetch it from the memory / disk cache). Invalid
         IR raises CpuKernelError with LLVM's message."""
+        ir = specialize_for_host(ir)    # the key is of the IR compiled on this host
         key = self.key(ir)
         with self._lock:
             mod = self._modules.get(key)
@@ -127,9 +129,11 @@ class Jit:
 
     def optimize(self, ir: str) -> llvm.ModuleRef:
         """Parse, verify and optimise ``ir`` for the host (O3 with loop and SLP
-        vectorisation); returns the optimised module (``str()`` gives its IR)."""
+        vectorisation); returns the optimised module (``str()`` gives its IR). Portable
+        IR's helpers are first specialised for the host (``specialize_for_host``: the
+        kernels' byte dot products to x86 ``vpdpbusd`` where it has them)."""
         try:
-            mod = llvm.parse_assembly(ir)
+            mod = llvm.parse_assembly(specialize_for_host(ir))
             mod.verify()
         except RuntimeError as exc:
             raise CpuKernelError(f"invalid LLVM IR: {exc}") from exc

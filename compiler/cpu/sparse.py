@@ -6,9 +6,11 @@ Both compute ``out[o, p] = bias[o] + sum_s value[o, s] * X[k(o, s), p]`` over th
 weight's compressed layout (:mod:`.sparse_layout`: per output row its kept weights and
 the rows of ``X`` they read). ``X`` (``K`` rows by the columns: output pixels, or a
 matmul's rows) is built one *tile* of columns at a time in a ``K x tile`` scratch block
-that stays in L2: a convolution's im2col (``X[c * taps + tap, pixel]``, copied from a
-zero-padded image so there are no bounds checks) or a matmul's ``A`` transposed. Only
-the kept weights are multiplied: ``n / m`` of the dense work.
+(each row followed by a little slack) that stays in L2: a convolution's im2col
+(``X[c * taps + tap, pixel]``, copied from a zero-padded image so there are no bounds
+checks; with stride 1 along the width, one vector copy per output row and ``k``) or a
+matmul's ``A`` transposed. Only the kept weights are multiplied: ``n / m`` of the dense
+work.
 
 Per tile, the reduction runs chunk by chunk (rows of ``X`` that fit L1), and every
 output row (two at a time for float32) keeps its accumulators for the tile's
@@ -17,12 +19,18 @@ slots: per slot one broadcast of the weight and one load + multiply-add per vect
 
 * float32: multiply-adds contracted into FMAs where the host has them; sums run in slot
   order, so results differ from a dense kernel's in the last bits.
-* int8: ``X`` holds the inputs widened to int16; slots go in pairs, the two rows of
-  ``X`` interleaved within each 128-bit lane and multiplied by the broadcast int16 pair,
-  adjacent products summed into int32 (x86 selects ``vpunpck*wd`` + ``vpmaddwd``, or
-  ``vpdpwssd`` with AVX512-VNNI; NEON ``zip`` + ``smlal``). The accumulators hold the
-  columns in that interleaved order; one shuffle per tile restores it. int32 sums wrap,
-  so results are bit-identical to :func:`.conv.build_conv_int8` /
+* int8, byte dot products (the layout's ``group`` 4; AVX512-VNNI hosts): ``X`` holds
+  unsigned bytes ``x + 128``; slots go in fours, their four rows of ``X`` interleaved
+  byte by byte within each 128-bit lane (two rounds of ``vpunpck*``), times the four
+  broadcast int8 weights, the products summed into int32 (portable IR that the JIT turns
+  into ``vpdpbusd`` where the host has it, :mod:`.sparse_dots`: 64 multiply-adds per
+  instruction, twice ``vpdpwssd``'s, on half the bytes); each row's
+  sum then gets the layout's correction ``-128 * sum(w)``. Elsewhere (``group`` 2):
+  ``X`` holds int16; slots go in pairs, the two rows interleaved within each 128-bit
+  lane, times the broadcast int16 pair, adjacent products summed into int32 (x86
+  ``vpunpck*wd`` + ``vpmaddwd``; NEON ``zip`` + ``smlal``). Either way the accumulators
+  hold the columns in that interleaved order; one shuffle per tile restores it. int32
+  sums wrap, so results are bit-identical to :func:`.conv.build_conv_int8` /
   :func:`.conv.build_matmul_int8`, whose contract (int8 in, int32 out) they share.
 
 The kernels have a parallel form over output rows (each slice builds its own ``X``).
@@ -40,11 +48,16 @@ from tessera.errors import CpuKernelError
 from . import irutil as U
 from .kernel import CpuKernel, TensorSpec, kernel_function, new_module, range_function
 from .layout_ops import Scratch
-from .sparse_layout import ROW_BLOCK, TILE_VECTORS, NMLayout
+from .sparse_dots import dot4, shuffle_mask
+from .sparse_dots import madd as _madd     # also sparse_pairs' (imported from here)
+from .sparse_layout import ROW_BLOCK, NMLayout
 
 __all__ = ["build_conv_nm", "build_matmul_nm", "conv_output_hw"]
 
 _I16 = ir.IntType(16)
+#: Bytes of the widest vector copy of a run of X (``_ConvInput.build_tile``), and the slack
+#: after each row of X and after the padded image.
+_SLACK = 64
 #: Products fused into the sums (FMA) where the host has it.
 _CONTRACT = ("contract",)
 
@@ -154,12 +167,13 @@ class _ConvInput:
         _, _, h, w = self.shape
         return h + self.pads[0] + self.pads[2], w + self.pads[1] + self.pads[3]
 
-    def scratch(self, b: ir.IRBuilder, scratch: Scratch, ty: ir.Type) -> ir.Value:
-        """The zero-padded image buffer (zeroed once; only the interior is rewritten)."""
+    def scratch(self, b: ir.IRBuilder, scratch: Scratch, zero: ir.Constant) -> ir.Value:
+        """The padded image buffer (filled with ``zero``, the stored form of an input 0,
+        once; only the interior is rewritten)."""
         hp, wp = self.padded()
-        size = self.shape[1] * hp * wp
-        buf = scratch.alloc(ty, size, name="xpad")
-        U.fill(b, buf, size, ir.Constant(ty, 0))
+        size = self.shape[1] * hp * wp + _SLACK // _size(zero.type)
+        buf = scratch.alloc(zero.type, size, name="xpad")
+        U.fill(b, buf, size, zero)
         return buf
 
     def copy_image(self, b: ir.IRBuilder, x: ir.Value, img: ir.Value, pad: ir.Value,
@@ -176,30 +190,57 @@ class _ConvInput:
             with U.for_range(b, w, name="ix") as ix:
                 U.store(b, widen(U.load(b, x, b.add(src, ix))), pad, b.add(dst, ix))
 
-    def build_tile(self, b: ir.IRBuilder, pad: ir.Value, xm: ir.Value, tile: int,
+    def build_tile(self, b: ir.IRBuilder, pad: ir.Value, xm: ir.Value, stride: int,
                    p0: ir.Value, valid: int, widen: Callable) -> None:
-        """Columns ``[p0, p0 + valid)`` of X (pixels) into ``xm`` (``K x tile``) from the
-        padded image (already widened): for each ``k``, one contiguous (vectorised) copy
-        per output row the tile touches."""
-        _, c, _, _ = self.shape
-        hp, wp = self.padded()
-        (kh, kw), (sh, sw), (dh, dw) = self.kernel, self.strides, self.dilations
+        """Columns ``[p0, p0 + valid)`` of X (pixels) into ``xm`` (row ``k`` at ``k *
+        stride``) from the padded image (already widened): for each output row the tile
+        touches, its columns ``[lo, hi)`` for every ``k``. With stride 1 along the
+        width they are a contiguous run of the padded image, copied in whole vectors of
+        up to :data:`_SLACK` bytes, as few as hold a run (the innermost loop runs over
+        ``k``: one load and one store each); the last vector may spill past the run
+        into columns the next run rewrites, into the row's slack (:func:`_x_stride`)
+        and past the padded image's end into its slack. Otherwise element by
+        element."""
         oh, ow = self.out_hw
+        ty, sw = pad.type.pointee, self.strides[1]
+        vty = ir.VectorType(ty, min(_SLACK, max(8, 1 << (ow * _size(ty) - 1).bit_length()))
+                            // _size(ty))
         end = b.add(p0, U.i64(valid))
         oy_lo = b.udiv(p0, U.i64(ow))
         oy_hi = _min(b, U.i64(oh), b.add(b.udiv(b.sub(end, U.i64(1)), U.i64(ow)), U.i64(1)))
-        with U.for_range(b, c, name="kc") as ch, U.for_range(b, kh, name="ky") as ky, \
-                U.for_range(b, kw, name="kx") as kx, U.for_range(b, oy_hi, oy_lo, name="oy") as oy:
-            k = b.add(b.mul(ch, U.i64(kh * kw)), b.add(b.mul(ky, U.i64(kw)), kx))
-            row = b.add(b.mul(oy, U.i64(sh)), b.mul(ky, U.i64(dh)))
-            src = b.add(b.mul(ch, U.i64(hp * wp)),
-                        b.add(b.mul(row, U.i64(wp)), b.mul(kx, U.i64(dw))))
+        with U.for_range(b, oy_hi, oy_lo, name="oy") as oy:
             first = b.mul(oy, U.i64(ow))
             lo, hi = _max(b, first, p0), _min(b, b.add(first, U.i64(ow)), end)
-            dst = b.sub(b.mul(k, U.i64(tile)), p0)
-            with U.for_range(b, hi, lo, name="px") as p:
-                v = U.load(b, pad, b.add(src, b.mul(b.sub(p, first), U.i64(sw))))
-                U.store(b, v, xm, b.add(dst, p))
+
+            def copy_vector(k: ir.Value, src: ir.Value, p: ir.Value) -> None:
+                at = U.element_ptr(b, pad, b.add(src, b.sub(p, first)))
+                v = b.load(b.bitcast(at, vty.as_pointer()), align=1)
+                to = U.element_ptr(b, xm, b.add(b.mul(k, U.i64(stride)), b.sub(p, p0)))
+                b.store(v, b.bitcast(to, vty.as_pointer()), align=1)
+
+            def copy_elements(k: ir.Value, src: ir.Value) -> None:
+                dst = b.sub(b.mul(k, U.i64(stride)), p0)
+                with U.for_range(b, hi, lo, name="px") as p:
+                    v = U.load(b, pad, b.add(src, b.mul(b.sub(p, first), U.i64(sw))))
+                    U.store(b, v, xm, b.add(dst, p))
+            if sw != 1:
+                self._taps(b, oy, copy_elements)
+            else:
+                with U.for_range(b, hi, lo, step=vty.count, name="run") as p:
+                    self._taps(b, oy, lambda k, src: copy_vector(k, src, p))
+
+    def _taps(self, b: ir.IRBuilder, oy: ir.Value, body: Callable) -> None:
+        """``body(k, src)`` for every ``k = (c, ky, kx)``: ``src``, the padded image's
+        element of output row ``oy``'s first column for that ``k``."""
+        _, c, _, _ = self.shape
+        hp, wp = self.padded()
+        (kh, kw), (dh, dw) = self.kernel, self.dilations
+        with U.for_range(b, c, name="kc") as ch, U.for_range(b, kh, name="ky") as ky, \
+                U.for_range(b, kw, name="kx") as kx:
+            k = b.add(b.mul(ch, U.i64(kh * kw)), b.add(b.mul(ky, U.i64(kw)), kx))
+            row = b.add(b.mul(oy, U.i64(self.strides[0])), b.mul(ky, U.i64(dh)))
+            body(k, b.add(b.mul(ch, U.i64(hp * wp)),
+                          b.add(b.mul(row, U.i64(wp)), b.mul(kx, U.i64(dw)))))
 
     def out_index(self, b: ir.IRBuilder, img: ir.Value, rows: int, o: ir.Value,
                   p: ir.Value) -> ir.Value:
@@ -215,19 +256,20 @@ class _MatmulInput:
     k: int
     images: int = 1
 
-    def scratch(self, b: ir.IRBuilder, scratch: Scratch, ty: ir.Type) -> None:
+    def scratch(self, b: ir.IRBuilder, scratch: Scratch, zero: ir.Constant) -> None:
         return None
 
     def copy_image(self, b: ir.IRBuilder, a: ir.Value, img: ir.Value, pad: None,
                    widen: Callable) -> None:
         return None
 
-    def build_tile(self, b: ir.IRBuilder, a: ir.Value, xm: ir.Value, tile: int,
+    def build_tile(self, b: ir.IRBuilder, a: ir.Value, xm: ir.Value, stride: int,
                    p0: ir.Value, valid: int, widen: Callable) -> None:
-        """Rows ``[p0, p0 + valid)`` of ``a``, transposed, into ``xm`` (``K x tile``)."""
+        """Rows ``[p0, p0 + valid)`` of ``a``, transposed, into ``xm`` (row ``k`` at ``k *
+        stride``)."""
         with U.for_range(b, valid, name="ti") as q, U.for_range(b, self.k, name="tk") as k:
             v = widen(U.load(b, a, b.add(b.mul(b.add(p0, q), U.i64(self.k)), k)))
-            U.store(b, v, xm, b.add(b.mul(k, U.i64(tile)), q))
+            U.store(b, v, xm, b.add(b.mul(k, U.i64(stride)), q))
 
     def out_index(self, b: ir.IRBuilder, img: ir.Value, rows: int, o: ir.Value,
                   p: ir.Value) -> ir.Value:
@@ -240,20 +282,24 @@ class _MatmulInput:
 def _emit(b: ir.IRBuilder, layout: NMLayout, source, x: ir.Value, values: ir.Value,
           offsets: ir.Value, bias: ir.Value | None, out: ir.Value, begin: ir.Value,
           end: ir.Value) -> None:
-    """Per image, per tile of columns: the tile's block of X built in scratch (``K x
-    tile``, so it stays in L2), then every reduction chunk over rows [begin, end)."""
-    is_float = layout.kind == "float32"
-    ty = U.F32 if is_float else _I16
-    scratch = Scratch(b)
-    tile, pixels = layout.tile, source.pixels
-    xm = _aligned(b, scratch, ty, layout.reduction * tile, "xmat")
+    """Per image, per tile of columns: the tile's block of X built in scratch (``K``
+    rows of :func:`_x_stride`, so it stays in L2), then every reduction chunk over rows
+    [begin, end)."""
+    scratch, tile, pixels = Scratch(b), layout.tile, source.pixels
+    ty, stride = {1: U.F32, 2: _I16, 4: U.I8}[layout.group], _x_stride(layout)
+    size = layout.reduction * stride
+    xm = _aligned(b, scratch, ty, size, "xmat")
     # A tail tile's columns past the pixels are computed but never stored: zeros.
-    U.fill(b, xm, layout.reduction * tile, ir.Constant(ty, 0))
-    pad = source.scratch(b, scratch, ty)
+    U.fill(b, xm, size, ir.Constant(ty, 0))
+    # Byte dot products take unsigned bytes: x + 128 (the sign bit flipped).
+    flip = ir.Constant(U.I8, -128)
+    pad = source.scratch(b, scratch, flip if layout.group == 4 else ir.Constant(ty, 0))
     rows = _Rows(layout, xm, values, offsets, bias, scratch)
 
     def widen(v: ir.Value) -> ir.Value:
-        return v if is_float else b.sext(v, _I16)
+        if layout.group == 2:
+            return b.sext(v, _I16)
+        return b.xor(v, flip) if layout.group == 4 else v
     contiguous = isinstance(source, _ConvInput)
     with U.for_range(b, source.images, name="img") as img:
         source.copy_image(b, x, img, pad, widen)
@@ -264,7 +310,7 @@ def _emit(b: ir.IRBuilder, layout: NMLayout, source, x: ir.Value, values: ir.Val
                     b, img, layout.rows, o, p), p0, vecs, valid, layout.lanes, contiguous)
 
         def tile_rows(p0: ir.Value, valid: int) -> None:
-            source.build_tile(b, pad if contiguous else x, xm, tile, p0, valid, widen)
+            source.build_tile(b, pad if contiguous else x, xm, stride, p0, valid, widen)
             nvec = -(-valid // layout.lanes)
             _emit_chunks(b, rows, nvec, begin, end,
                          lambda os, accs: finish(os, p0, accs, valid))
@@ -285,7 +331,7 @@ def _emit_chunks(b: ir.IRBuilder, rows: "_Rows", nvec: int, begin: ir.Value,
     lay = rows.lay
     last = (lay.chunks - 1) * lay.chunk_slots
     # Fewer vectors per row (a narrow tile): more rows at once, as many accumulators.
-    size = ROW_BLOCK[lay.kind] * max(1, TILE_VECTORS[lay.kind] // nvec)
+    size = ROW_BLOCK[lay.kind] * max(1, lay.tile_vectors // nvec)
     if lay.chunks > 1:
         with U.for_range(b, end, begin, name="zr") as o:
             rows.save(b, [o], [rows.zeros(nvec)])
@@ -337,19 +383,17 @@ class _Rows:
                  offsets: ir.Value, bias: ir.Value | None, scratch: Scratch) -> None:
         self.lay, self.xm, self.values, self.offsets, self.bias = (
             layout, xm, values, offsets, bias)
-        is_float = layout.kind == "float32"
-        # Accumulators per row: a vector of float32 per column vector, or two of int32.
-        self.acc_ty = ir.VectorType(U.F32, layout.lanes) if is_float else \
-            ir.VectorType(U.I32, layout.lanes // 2)
-        self.per_row = TILE_VECTORS[layout.kind] * (1 if is_float else 2)
+        # Accumulators per row: per vector of columns one of float32 or ``group`` of int32.
+        self.acc_ty = ir.VectorType(U.F32 if layout.group == 1 else U.I32,
+                                    layout.lanes // layout.group)
+        self.per_row = layout.tile_vectors * layout.group
         self.buf = None
         if layout.chunks > 1:
             self.buf = _aligned(scratch.b, scratch, self.acc_ty.element,
                                 layout.rows * self.per_row * self.acc_ty.count, "accs")
 
     def zeros(self, nvec: int) -> list[ir.Value]:
-        return [ir.Constant(self.acc_ty, None)] * (nvec * self.per_row
-                                                   // TILE_VECTORS[self.lay.kind])
+        return [ir.Constant(self.acc_ty, None)] * (nvec * self.lay.group)
 
     def _slot_ptr(self, b: ir.IRBuilder, o: ir.Value, a: int) -> ir.Value:
         at = b.mul(b.add(b.mul(o, U.i64(self.per_row)), U.i64(a)), U.i64(self.acc_ty.count))
@@ -371,8 +415,8 @@ class _Rows:
         are chunk-major: the chunk starting at slot ``first`` holds ``count`` slots per
         row from ``first * rows``."""
         flat = tuple(v for row in inits for v in row)
-        step = 1 if self.lay.kind == "float32" else 2
-        emit = self._float_slot if step == 1 else self._int8_pair
+        step = self.lay.group
+        emit = {1: self._float_slot, 2: self._int8_pair, 4: self._int8_quad}[step]
         starts = [b.add(b.mul(first, U.i64(self.lay.rows)), b.mul(o, U.i64(count)))
                   for o in os]
 
@@ -389,11 +433,11 @@ class _Rows:
 
     def _load(self, b: ir.IRBuilder, at: ir.Value, ty: ir.VectorType) -> ir.Value:
         ptr = b.bitcast(U.element_ptr(b, self.xm, at), ty.as_pointer())
-        return b.load(ptr, align=2 if ty.element == _I16 else 4)
+        return b.load(ptr, align=_size(ty.element))
 
     def _offset(self, b: ir.IRBuilder, slot: ir.Value) -> ir.Value:
         """Element offset in the tile's block of X of the row slot ``slot`` reads."""
-        return b.mul(b.sext(U.load(b, self.offsets, slot), U.I64), U.i64(self.lay.tile))
+        return b.mul(b.sext(U.load(b, self.offsets, slot), U.I64), U.i64(_x_stride(self.lay)))
 
     def _float_slot(self, b, slot, nvec, accs):
         lanes = self.lay.lanes
@@ -406,7 +450,6 @@ class _Rows:
     def _int8_pair(self, b, slot, nvec, accs):
         lanes, half = self.lay.lanes, self.lay.lanes // 2
         vty = ir.VectorType(_I16, lanes)
-        lo_mask, hi_mask, _ = _interleave_masks(lanes)
         pair = U.load(b, self.values, b.udiv(slot, U.i64(2)))
         w = b.bitcast(_splat(b, pair, half), vty)
         at_a = self._offset(b, slot)
@@ -415,8 +458,25 @@ class _Rows:
         for t in range(nvec):
             xa = self._load(b, b.add(at_a, U.i64(t * lanes)), vty)
             xb = self._load(b, b.add(at_b, U.i64(t * lanes)), vty)
-            for mask in (lo_mask, hi_mask):
-                new.append(b.add(accs[len(new)], _madd(b, b.shuffle_vector(xa, xb, mask), w)))
+            for x in _interleave(b, xa, xb):
+                new.append(b.add(accs[len(new)], _madd(b, x, w)))
+        return new
+
+    def _int8_quad(self, b, slot, nvec, accs):
+        """Four slots: their rows of X (bytes) interleaved in two rounds, then one byte
+        dot product per accumulator."""
+        lanes = self.lay.lanes
+        vty = ir.VectorType(U.I8, lanes)
+        word = U.load(b, self.values, b.udiv(slot, U.i64(4)))
+        w = b.bitcast(_splat(b, word, lanes // 4), vty)
+        at = [self._offset(b, b.add(slot, U.i64(i))) for i in range(4)]
+        new = []
+        for t in range(nvec):
+            x = [self._load(b, b.add(a, U.i64(t * lanes)), vty) for a in at]
+            ab, cd = _interleave(b, x[0], x[1]), _interleave(b, x[2], x[3])
+            for lo, hi in zip(ab, cd):
+                for q in _interleave(b, lo, hi, _I16):
+                    new.append(dot4(b, accs[len(new)], q, w))
         return new
 
     def finish(self, b: ir.IRBuilder, os: list[ir.Value], accs) -> list[list[ir.Value]]:
@@ -425,12 +485,12 @@ class _Rows:
         for o, row in zip(os, accs):
             bias = None if self.bias is None else _splat(b, U.load(b, self.bias, o),
                                                          self.lay.lanes)
-            if self.lay.kind == "float32":
-                vecs = row
-            else:
-                unperm = _interleave_masks(self.lay.lanes)[2]
-                vecs = [b.shuffle_vector(row[k], row[k + 1], unperm)
-                        for k in range(0, len(row), 2)]
+            group = self.lay.group
+            vecs = row if group == 1 else [_in_column_order(b, row[k:k + group])
+                                           for k in range(0, len(row), group)]
+            if group == 4:      # the inputs were x + 128
+                fix = U.load(b, self.values, b.add(U.i64(self.lay.rows * self.lay.slots // 4), o))
+                vecs = [b.add(v, _splat(b, fix, self.lay.lanes)) for v in vecs]
             if bias is not None:
                 vecs = [b.fadd(v, bias) if self.lay.kind == "float32" else b.add(v, bias)
                         for v in vecs]
@@ -438,10 +498,21 @@ class _Rows:
         return result
 
 
+def _x_stride(layout: NMLayout) -> int:
+    """Elements from one row of a tile's block of X to the next: the tile's columns and
+    :data:`_SLACK` bytes, which a run's last vector copy may spill into (a whole number
+    of cache lines, so rows stay aligned)."""
+    return layout.tile + _SLACK // (4 // layout.group)
+
+
+def _size(ty: ir.Type) -> int:
+    return 1 if ty == U.I8 else 2 if ty == _I16 else 4
+
+
 def _aligned(b: ir.IRBuilder, scratch: Scratch, ty: ir.Type, n: int, name: str) -> ir.Value:
     """A scratch buffer of ``n`` elements aligned to 64 bytes (a cache line: whole
     vector loads never straddle two)."""
-    size = 4 if ty in (U.F32, U.I32) else 2
+    size = _size(ty)
     raw = scratch.alloc(ty, n + 64 // size, name=name)
     addr = b.ptrtoint(raw, U.I64)
     aligned = b.and_(b.add(addr, U.i64(63)), U.i64(-64))
@@ -458,33 +529,38 @@ def _max(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
 
 def _splat(b: ir.IRBuilder, v: ir.Value, lanes: int) -> ir.Value:
     one = b.insert_element(ir.Constant(ir.VectorType(v.type, lanes), None), v, U.I32(0))
-    return b.shuffle_vector(one, one, ir.Constant(ir.VectorType(U.I32, lanes), [0] * lanes))
+    return b.shuffle_vector(one, one, shuffle_mask([0] * lanes))
 
 
-def _interleave_masks(lanes: int) -> tuple[ir.Constant, ir.Constant, ir.Constant]:
-    """Shuffle masks over ``lanes`` int16 columns of two rows ``a``, ``b``: ``lo`` and
-    ``hi`` interleave ``a[i], b[i]`` for the first and last 4 columns of each 128-bit
-    lane (one ``punpcklwd``/``punpckhwd`` each on x86, ``zip1``/``zip2`` on NEON); the
-    pair sums of ``lo`` then hold columns ``8L + 0..3``, those of ``hi`` ``8L + 4..7``.
-    ``unperm`` puts the two ``lanes / 2`` sums back in column order."""
-    lo, hi, unperm = [], [], []
-    for lane in range(lanes // 8):
-        for r in range(4):
-            lo += [lane * 8 + r, lanes + lane * 8 + r]
-            hi += [lane * 8 + 4 + r, lanes + lane * 8 + 4 + r]
-    half = lanes // 2
-    for q in range(lanes):
-        lane, r = divmod(q, 8)
-        unperm.append(lane * 4 + r if r < 4 else half + lane * 4 + r - 4)
-    i32 = [ir.Constant(ir.VectorType(U.I32, len(m)), m) for m in (lo, hi, unperm)]
-    return i32[0], i32[1], i32[2]
+def _interleave(b: ir.IRBuilder, x: ir.Value, y: ir.Value,
+                as_ty: ir.Type | None = None) -> tuple[ir.Value, ir.Value]:
+    """``lo``, ``hi``: the elements of ``x`` and ``y`` (seen as vectors of ``as_ty``)
+    interleaved, ``x[i], y[i]``, for the first and last half of each 128-bit lane (one
+    ``punpckl*``/``punpckh*`` each on x86, ``zip1``/``zip2`` on NEON); returned as
+    ``x``'s type."""
+    ty = x.type
+    if as_ty is not None:
+        count = ty.count * _size(ty.element) // _size(as_ty)
+        x, y = (b.bitcast(v, ir.VectorType(as_ty, count)) for v in (x, y))
+    count, per_lane = x.type.count, 16 // _size(x.type.element)
+    out = []
+    for first in (0, per_lane // 2):
+        mask = [i for lane in range(0, count, per_lane) for r in range(per_lane // 2)
+                for i in (lane + first + r, count + lane + first + r)]
+        out.append(b.bitcast(b.shuffle_vector(x, y, shuffle_mask(mask)), ty))
+    return out[0], out[1]
 
 
-def _madd(b: ir.IRBuilder, x: ir.Value, w: ir.Value) -> ir.Value:
-    """Lane ``q``: ``x[2q] * w[2q] + x[2q+1] * w[2q+1]`` in int32 (int16 operands)."""
-    lanes = x.type.count
-    wide = ir.VectorType(U.I32, lanes)
-    p = b.mul(b.sext(x, wide), b.sext(w, wide), flags=["nsw"])
-    even = ir.Constant(ir.VectorType(U.I32, lanes // 2), list(range(0, lanes, 2)))
-    odd = ir.Constant(ir.VectorType(U.I32, lanes // 2), list(range(1, lanes, 2)))
-    return b.add(b.shuffle_vector(p, p, even), b.shuffle_vector(p, p, odd))
+def _in_column_order(b: ir.IRBuilder, accs: list[ir.Value]) -> ir.Value:
+    """The ``group`` int32 accumulators of one vector of columns as one vector in column
+    order. :func:`_interleave` put column ``16 / (4 / group) * L + r`` (128-bit lane
+    ``L``) in accumulator ``r // 4``, lane ``4 * L + r % 4``."""
+    group, count = len(accs), accs[0].type.count
+    while len(accs) > 1:            # concatenated: accumulator j at j * count
+        accs = [b.shuffle_vector(accs[k], accs[k + 1],
+                                 shuffle_mask(range(2 * accs[k].type.count)))
+                for k in range(0, len(accs), 2)]
+    per_lane = 4 * group
+    order = [r // 4 * count + 4 * (q // per_lane) + r % 4
+             for q in range(count * group) for r in [q % per_lane]]
+    return b.shuffle_vector(accs[0], accs[0], shuffle_mask(order))

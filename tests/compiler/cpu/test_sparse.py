@@ -8,6 +8,7 @@ import onnxruntime as ort
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+import llvmlite.binding as llvm
 from onnx import TensorProto, helper, numpy_helper
 
 import tessera
@@ -15,13 +16,16 @@ from tessera.compiler import zoo
 from tessera.compiler.cpu.conv import build_conv_int8, build_matmul_int8
 from tessera.compiler.cpu.kernel import TensorSpec
 from tessera.compiler.cpu.lower import lower_node_to_cpu
+from tessera.compiler.cpu import sparse_dots
 from tessera.compiler.cpu.sparse import build_conv_nm, build_matmul_nm, conv_output_hw
-from tessera.compiler.cpu.sparse_layout import nm_layout, vector_lanes
+from tessera.compiler.cpu.sparse_dots import specialize_for_host
+from tessera.compiler.cpu.sparse_layout import host_byte_dots, nm_layout, vector_lanes
 from tessera.compiler.cpu.sparse_lower import INT8_MIN_ROWS, PAIR_MIN_ROWS, nm_matmul_kernel
 from tessera.compiler.cpu.sparse_pairs import build_matmul_nm_pairs, nm_pair_layout
 from tessera.compiler.frontend.onnx_import import import_onnx
 from tessera.errors import CpuKernelError
 from tessera.runtime.cpu import load_kernel, run_cpu_steps
+from tessera.runtime.jit import get_jit
 from tessera.sparsity import NM_PATTERNS, is_nm_sparse
 
 RNG = np.random.default_rng(23)
@@ -62,32 +66,123 @@ def conv_reference(x, w, bias, strides, pads, dilations) -> np.ndarray:
 
 
 def run_conv(x, w, pattern, bias=None, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1),
-             vector_bits=None) -> np.ndarray:
+             vector_bits=None, byte_dots=None) -> np.ndarray:
     oh, ow = conv_output_hw(x.shape[2:], w.shape[2:], strides, pads, dilations)
     kind = str(x.dtype)
     lay = nm_layout(w, pattern, oh * ow, kind, taps=w.shape[2] * w.shape[3],
-                    vector_bits=vector_bits)
+                    vector_bits=vector_bits, byte_dots=byte_dots)
     k = build_conv_nm(TensorSpec(x.shape, kind), lay, w.shape[2:], bias is not None,
                       strides, pads, dilations)
     args = (x, lay.values, lay.offsets) + ((bias,) if bias is not None else ())
     return load_kernel(k)(*args)[0]
 
 
+def dense_conv_int8(x, w, bias, strides, pads, dilations) -> np.ndarray:
+    dense = build_conv_int8(TensorSpec(x.shape, "int8"), TensorSpec(w.shape, "int8"),
+                            bias is not None, strides, pads, dilations)
+    return load_kernel(dense)(x, w, *(() if bias is None else (bias,)))[0]
+
+
 # ------------------------------------------------------------------------- kernels
+@pytest.mark.parametrize("byte_dots", [False, True])
 @pytest.mark.parametrize("pattern", NM_PATTERNS)
-def test_int8_conv_is_bit_identical_to_the_dense_kernel(pattern) -> None:
+def test_int8_conv_is_bit_identical_to_the_dense_kernel(pattern, byte_dots) -> None:
+    """Slots in pairs (int16) and in fours (byte dot products) alike."""
     n, m = pattern
     x = data("int8", (2, 16, 11, 13))
     w = prune(data("int8", (10, 16, 3, 3)), n, m)
     bias = RNG.integers(-9000, 9000, 10, dtype=np.int32)
     geo = dict(strides=(2, 1), pads=(1, 0, 2, 1), dilations=(1, 2))
-    got = run_conv(x, w, pattern, bias, **geo)
-    dense = build_conv_int8(TensorSpec(x.shape, "int8"), TensorSpec(w.shape, "int8"), True,
-                            geo["strides"], geo["pads"], geo["dilations"])
-    (want,) = load_kernel(dense)(x, w, bias)
+    got = run_conv(x, w, pattern, bias, byte_dots=byte_dots, **geo)
+    want = dense_conv_int8(x, w, bias, **geo)
     assert got.dtype == np.int32
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(got, conv_reference(x, w, bias, **geo).astype(np.int32))
+
+
+@pytest.mark.parametrize("byte_dots", [False, True])
+@pytest.mark.parametrize("vector_bits", [128, 256, 512])
+def test_int8_conv_long_and_strided_rows_at_every_vector_width(vector_bits, byte_dots) -> None:
+    """Output rows longer than one vector copy (several copies per run of X), and a
+    stride along the width (element-by-element copies), in both slot groupings and at
+    every vector width (the byte dot product at 128, 256 and 512 bits)."""
+    x = data("int8", (1, 8, 6, 150))
+    w = prune(data("int8", (5, 8, 3, 3)), 2, 4)
+    bias = RNG.integers(-9000, 9000, 5, dtype=np.int32)
+    for strides in ((1, 1), (1, 2)):
+        geo = dict(strides=strides, pads=(1, 1, 1, 1), dilations=(1, 1))
+        got = run_conv(x, w, (2, 4), bias, vector_bits=vector_bits, byte_dots=byte_dots,
+                       **geo)
+        np.testing.assert_array_equal(got, dense_conv_int8(x, w, bias, **geo))
+
+
+def byte_dot_kernels():
+    """An int8 2:4 conv and matmul whose layouts take the slots in fours (byte dot
+    products at 512 and 256 bits), their inputs and the dense kernels' results."""
+    x = data("int8", (1, 16, 7, 9))
+    w = prune(data("int8", (5, 16, 3, 3)), 2, 4)
+    lay = nm_layout(w, (2, 4), 63, "int8", taps=9, byte_dots=True)
+    conv = build_conv_nm(TensorSpec(x.shape, "int8"), lay, (3, 3), pads=(1, 1, 1, 1))
+    a, wm = data("int8", (20, 32)), prune(data("int8", (6, 32)), 2, 4)    # a @ wm.T
+    mlay = nm_layout(wm, (2, 4), 20, "int8", vector_bits=256, byte_dots=True)
+    matmul = build_matmul_nm(TensorSpec(a.shape, "int8"), mlay)
+    assert lay.group == mlay.group == 4
+    dense_mm = a.astype(np.int32) @ wm.T.astype(np.int32)
+    return [(conv, (x, lay.values, lay.offsets), dense_conv_int8(x, w, None, (1, 1),
+                                                                  (1, 1, 1, 1), (1, 1))),
+            (matmul, (a, mlay.values, mlay.offsets), dense_mm)]
+
+
+def test_int8_kernel_ir_is_portable() -> None:
+    """The IR stored in a model names no host's instructions, whatever this host has:
+    the byte dot products call the module's portable helpers, and LLVM compiles it for
+    an AVX2 laptop and the PYNQ board's Cortex-A9 (an x86 intrinsic would abort it)."""
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
+    for kernel, _, _ in byte_dot_kernels():
+        assert "llvm.x86" not in kernel.ir
+        assert '@"tessera.dot4.' in kernel.ir
+        for triple, cpu in (("x86_64-unknown-linux-gnu", "haswell"),
+                            ("armv7a-unknown-linux-gnueabihf", "cortex-a9")):
+            tm = llvm.Target.from_triple(triple).create_target_machine(cpu=cpu, opt=2)
+            mod = llvm.parse_assembly(kernel.ir)
+            mod.triple, mod.data_layout = triple, str(tm.target_data)
+            assert "entry:" in tm.emit_assembly(mod)
+
+
+@pytest.mark.parametrize("vnni", [False, True])
+def test_byte_dot_products_with_and_without_the_instruction(monkeypatch, vnni) -> None:
+    """The JIT's result is bit-identical to the dense kernels' with the helpers kept
+    portable (as on a host without VNNI) and specialised to ``vpdpbusd``; the
+    specialised IR gets a cache key of its own."""
+    if vnni and not host_byte_dots():
+        pytest.skip("the host has no AVX512-VNNI: vpdpbusd would abort LLVM")
+    monkeypatch.setattr(sparse_dots, "host_byte_dots", lambda: vnni)
+    jit = get_jit()
+    for kernel, args, want in byte_dot_kernels():
+        compiled = specialize_for_host(kernel.ir)
+        assert ("llvm.x86.avx512.vpdpbusd" in compiled) == vnni
+        assert ("vpdpbusd" in jit.emit_assembly(kernel.ir)) == vnni
+        assert jit.compile(kernel.ir).key == jit.key(compiled)
+        np.testing.assert_array_equal(load_kernel(kernel)(*args)[0], want)
+
+
+@pytest.mark.skipif(not host_byte_dots(), reason="the host has no AVX512-VNNI")
+def test_specialised_ir_calls_vpdpbusd_on_a_vnni_host() -> None:
+    """On this host each helper's body becomes one ``vpdpbusd`` of its width, declared
+    once; specialising again changes nothing; IR without helpers is left as is."""
+    (conv, _, _), (matmul, _, _) = byte_dot_kernels()
+    for kernel, bits in ((conv, 512), (matmul, 256)):
+        compiled, lanes = specialize_for_host(kernel.ir), bits // 32
+        intrinsic = f'@"llvm.x86.avx512.vpdpbusd.{bits}"'
+        assert compiled.count(f"declare <{lanes} x i32> {intrinsic}") == 1
+        helper = compiled.split(f'define internal <{lanes} x i32> @"tessera.dot4.{lanes}"(')[1]
+        helper = helper.split("\n}")[0]
+        assert f"call <{lanes} x i32> {intrinsic}(" in helper and "zext" not in helper
+        assert specialize_for_host(compiled) == compiled
+        llvm.parse_assembly(compiled).verify()
+    plain = build_conv_int8(TensorSpec((1, 4, 5, 5), "int8"), TensorSpec((2, 4, 3, 3), "int8"))
+    assert specialize_for_host(plain.ir) is plain.ir
 
 
 @pytest.mark.parametrize("kind", ["int8", "float32"])
@@ -122,20 +217,23 @@ def test_parallel_form_splits_output_rows_bit_identically() -> None:
     np.testing.assert_array_equal(split, serial)
 
 
-def test_int8_extremes_wrap_like_int32() -> None:
-    """-128 * -128 in every slot: the pair sums (2**15) need int32, which they get."""
+@pytest.mark.parametrize("byte_dots", [False, True])
+def test_int8_extremes_wrap_like_int32(byte_dots) -> None:
+    """-128 * -128 in every slot: the pair sums (2**15) need int32, which they get; the
+    byte dot products' inputs x + 128 are 0 and their correction carries the sum."""
     x = np.full((1, 8, 4, 4), -128, np.int8)
     w = np.zeros((3, 8, 1, 1), np.int8)
     w[:, 0::4] = w[:, 1::4] = -128
-    got = run_conv(x, w, (2, 4))
+    got = run_conv(x, w, (2, 4), byte_dots=byte_dots)
     np.testing.assert_array_equal(got, np.full((1, 3, 4, 4), 4 * 128 * 128, np.int32))
 
 
+@pytest.mark.parametrize("byte_dots", [False, True])
 @pytest.mark.parametrize("pattern", [(2, 4), (4, 8), (1, 4)])
-def test_int8_matmul_is_bit_identical_to_the_dense_kernel(pattern) -> None:
+def test_int8_matmul_is_bit_identical_to_the_dense_kernel(pattern, byte_dots) -> None:
     a = data("int8", (7, 64))
     w = prune(data("int8", (40, 64)), *pattern)          # (N, K): a @ w.T
-    lay = nm_layout(w, pattern, 7, "int8")
+    lay = nm_layout(w, pattern, 7, "int8", byte_dots=byte_dots)
     (got,) = load_kernel(build_matmul_nm(TensorSpec(a.shape, "int8"), lay))(
         a, lay.values, lay.offsets)
     wt = np.ascontiguousarray(w.T)
@@ -161,9 +259,9 @@ def test_float_conv_matches_numpy_at_every_vector_width(vector_bits) -> None:
 @given(kind=st.sampled_from(["int8", "float32"]), pattern=st.sampled_from(NM_PATTERNS),
        groups=st.integers(1, 3), out_channels=st.integers(1, 5), size=st.integers(1, 9),
        kernel=st.sampled_from([1, 2, 3]), stride=st.integers(1, 2),
-       images=st.integers(1, 2))
+       images=st.integers(1, 2), byte_dots=st.booleans())
 def test_conv_property(kind, pattern, groups, out_channels, size, kernel, stride,
-                       images) -> None:
+                       images, byte_dots) -> None:
     n, m = pattern
     pad = kernel // 2
     if size + 2 * pad < kernel:
@@ -171,7 +269,7 @@ def test_conv_property(kind, pattern, groups, out_channels, size, kernel, stride
     x = data(kind, (images, groups * m, size, size + 1))
     w = prune(data(kind, (out_channels, groups * m, kernel, kernel)), n, m)
     geo = dict(strides=(stride, stride), pads=(pad, pad, pad, pad), dilations=(1, 1))
-    got = run_conv(x, w, pattern, **geo)
+    got = run_conv(x, w, pattern, byte_dots=byte_dots, **geo)
     want = conv_reference(x, w, None, **geo)
     if kind == "int8":
         np.testing.assert_array_equal(got, want.astype(np.int32))
@@ -258,10 +356,38 @@ def test_layout_is_chunk_major_for_long_reductions() -> None:
 
 def test_int8_layout_packs_pairs_of_int16() -> None:
     w = prune(data("int8", (3, 12)), 1, 4)                # 3 slots per row: padded to 4
-    lay = nm_layout(w, (1, 4), 5, "int8", vector_bits=256)
+    lay = nm_layout(w, (1, 4), 5, "int8", vector_bits=256, byte_dots=False)
+    assert lay.group == 2 and lay.lanes == 8           # 128-bit vectors for 5 columns
     assert lay.slots == 4 and lay.values.shape == (6,) and lay.values.dtype == np.int32
     _, halves = lay.row_slots()
     assert sorted(halves[0][halves[0] != 0]) == sorted(w[0][w[0] != 0])
+
+
+def test_int8_layout_packs_fours_of_int8_and_row_corrections() -> None:
+    """Byte dot products: slots padded to a multiple of 4, four int8 per word, then each
+    row's ``-128 * sum(w)``; chunks of whole fours."""
+    w = prune(data("int8", (3, 20)), 1, 4)                # 5 slots per row: padded to 8
+    lay = nm_layout(w, (1, 4), 5, "int8", vector_bits=256, byte_dots=True)
+    assert lay.group == 4 and lay.lanes == 16 and lay.slots == 8
+    assert lay.values.shape == (3 * 8 // 4 + 3,) and lay.values.dtype == np.int32
+    k, values = lay.row_slots()
+    dense = np.zeros((3, 20), np.int64)
+    np.add.at(dense, (np.arange(3)[:, None], k.astype(np.int64)), values)
+    np.testing.assert_array_equal(dense, w)
+    np.testing.assert_array_equal(lay.values[-3:], -128 * w.astype(np.int64).sum(axis=1))
+    long = nm_layout(prune(data("int8", (2, 512, 3, 3)), 1, 4), (1, 4), 4096, "int8",
+                     taps=9, byte_dots=True)
+    assert long.chunks > 1 and long.chunk_slots % 4 == 0
+
+
+def test_int8_layout_takes_fours_only_for_full_byte_vectors() -> None:
+    """By default byte dot products where the host has them and the columns fill its
+    widest vector of bytes (fewer columns: int16 pairs, twice as wide)."""
+    w = prune(data("int8", (4, 16)), 2, 4)
+    assert nm_layout(w, (2, 4), 32, "int8", vector_bits=512).group == 2
+    wide = nm_layout(w, (2, 4), 33, "int8", vector_bits=512)
+    assert wide.group == (4 if host_byte_dots() else 2)
+    assert nm_layout(w, (2, 4), 33, "float32", vector_bits=512).group == 1
 
 
 def test_layout_refuses_a_weight_beyond_its_pattern() -> None:
