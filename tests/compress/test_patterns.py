@@ -98,7 +98,6 @@ def test_a_dense_layer_on_a_flattened_image_is_pruned_as_the_compiler_runs_it():
 
     import tessera
     from tessera.compress import prune
-    from tessera.sparsity import block_density
 
     model = zoo.lenet()
     fc = next(layer for layer in find_layers(model) if layer.op == "Gemm")
