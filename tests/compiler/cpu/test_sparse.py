@@ -228,6 +228,14 @@ def test_int8_extremes_wrap_like_int32(byte_dots) -> None:
     np.testing.assert_array_equal(got, np.full((1, 3, 4, 4), 4 * 128 * 128, np.int32))
 
 
+def dense_int8_matmul(a: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """``a @ w.T`` by the dense int8 kernel (the sparse kernels' yardstick)."""
+    wt = np.ascontiguousarray(w.T)
+    (out,) = load_kernel(build_matmul_int8(TensorSpec(a.shape, "int8"),
+                                           TensorSpec(wt.shape, "int8")))(a, wt)
+    return out
+
+
 @pytest.mark.parametrize("byte_dots", [False, True])
 @pytest.mark.parametrize("pattern", [(2, 4), (4, 8), (1, 4)])
 def test_int8_matmul_is_bit_identical_to_the_dense_kernel(pattern, byte_dots) -> None:
@@ -236,11 +244,9 @@ def test_int8_matmul_is_bit_identical_to_the_dense_kernel(pattern, byte_dots) ->
     lay = nm_layout(w, pattern, 7, "int8", byte_dots=byte_dots)
     (got,) = load_kernel(build_matmul_nm(TensorSpec(a.shape, "int8"), lay))(
         a, lay.values, lay.offsets)
-    wt = np.ascontiguousarray(w.T)
-    (want,) = load_kernel(build_matmul_int8(TensorSpec(a.shape, "int8"),
-                                            TensorSpec(wt.shape, "int8")))(a, wt)
+    want = dense_int8_matmul(a, w)
     np.testing.assert_array_equal(got, want)
-    np.testing.assert_array_equal(got, (a.astype(np.int32) @ wt.astype(np.int32)))
+    np.testing.assert_array_equal(got, (a.astype(np.int32) @ w.T.astype(np.int32)))
 
 
 @pytest.mark.parametrize("vector_bits", [128, 256, 512])
@@ -303,10 +309,7 @@ def test_pair_kernel_is_bit_identical_to_the_dense_kernel(pattern, rows, groups,
     lay = nm_pair_layout(w, pattern, rows)
     (got,) = load_kernel(build_matmul_nm_pairs(TensorSpec(a.shape, "int8"), lay))(
         a, lay.values, lay.offsets)
-    wt = np.ascontiguousarray(w.T)
-    (want,) = load_kernel(build_matmul_int8(TensorSpec(a.shape, "int8"),
-                                            TensorSpec(wt.shape, "int8")))(a, wt)
-    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got, dense_int8_matmul(a, w))
 
 
 def test_pair_layout_needs_an_even_n() -> None:
