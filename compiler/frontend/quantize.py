@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Iterator, Mapping, Optional, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -35,6 +35,8 @@ from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from tessera.errors import CompileError
 
+from . import ort_quantize
+from .ort_quantize import Feed, FeedReader
 from .graph import Graph
 
 __all__ = ["DYNAMIC_OPS", "QDQ_OPS", "is_quantized", "quantize_static", "reference_session"]
@@ -44,8 +46,6 @@ QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 #: The ops of a dynamically quantized model (quantized at run time, no calibration).
 DYNAMIC_OPS = frozenset({"DynamicQuantizeLinear", "ConvInteger", "MatMulInteger",
                          "DynamicQuantizeLSTM"})
-
-Feed = Mapping[str, np.ndarray]
 
 
 def reference_session(model: onnx.ModelProto):
@@ -72,6 +72,20 @@ def quantize_static(model: onnx.ModelProto, calibration: Sequence[Feed], *,
     when the calibration data is wrong.
     """
     samples = _checked_samples(model, calibration)
+    # Pinned: the form the accelerator runs (module doc).
+    options = {"ActivationSymmetric": symmetric_activations, "WeightSymmetric": True}
+    if _onnx_opset(model) <= 10:
+        return quantize_through_files(model, samples, options, per_channel=per_channel)
+    folded = ort_quantize.optimize(model)
+    _flatten_gemm_biases(folded)
+    return ort_quantize.quantize_qdq(folded, samples, options, per_channel=per_channel)
+
+
+def quantize_through_files(model: onnx.ModelProto, samples: Sequence[Feed], options: dict,
+                           *, per_channel: bool) -> onnx.ModelProto:
+    """onnxruntime's own file-based ``quant_pre_process`` + ``quantize_static``: for models
+    before opset 11 (which pre-processing upgrades through files), and the reference the
+    tests hold the in-memory pipeline (:mod:`.ort_quantize`) to, byte for byte."""
     with tempfile.TemporaryDirectory(prefix="tessera-qdq-") as tmp:
         source, folded, quantized = (Path(tmp) / f for f in ("float.onnx", "folded.onnx",
                                                              "qdq.onnx"))
@@ -80,21 +94,25 @@ def quantize_static(model: onnx.ModelProto, calibration: Sequence[Feed], *,
         # (which needs sympy) is for dynamic shapes; the compiler's are static.
         onnx.save(model, str(source))
         quant_pre_process(str(source), str(folded), skip_symbolic_shape=True)
-        _flatten_gemm_biases(folded)
-        ortq.quantize_static(str(folded), str(quantized), _Feeds(samples),
+        pre_processed = onnx.load(str(folded))
+        if _flatten_gemm_biases(pre_processed):
+            onnx.save(pre_processed, str(folded))
+        ortq.quantize_static(str(folded), str(quantized), FeedReader(samples),
                              quant_format=ortq.QuantFormat.QDQ, per_channel=per_channel,
                              activation_type=ortq.QuantType.QInt8,
                              weight_type=ortq.QuantType.QInt8,
                              calibrate_method=ortq.CalibrationMethod.MinMax,
-                             # Pinned: the form the accelerator runs (module doc).
-                             extra_options={"ActivationSymmetric": symmetric_activations,
-                                            "WeightSymmetric": True})
+                             extra_options=options)
         return onnx.load(str(quantized))
 
 
-def _flatten_gemm_biases(path: Path) -> None:
-    """Rewrite the model at ``path`` so each Gemm's constant bias of shape ``[1, N]`` is
-    ``[N]`` (the same values under Gemm's broadcast).
+def _onnx_opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+def _flatten_gemm_biases(model: onnx.ModelProto) -> bool:
+    """Rewrite ``model`` so each Gemm's constant bias of shape ``[1, N]`` is ``[N]`` (the
+    same values under Gemm's broadcast); True if any changed.
 
     Why: ``quant_pre_process`` fuses a MatMul and the Add of a ``[1, N]`` constant into
     a Gemm with that 2-D bias (magika's classifier head), and onnxruntime's quantizer
@@ -102,7 +120,6 @@ def _flatten_gemm_biases(path: Path) -> None:
     sizes the weight scales per channel for the int32 bias (it indexes the bias by
     channel, expecting 1-D).
     """
-    model = onnx.load(str(path))
     initializers = {t.name: t for t in model.graph.initializer}
     readers: dict[str, int] = {}
     for node in model.graph.node:
@@ -116,8 +133,7 @@ def _flatten_gemm_biases(path: Path) -> None:
                 and readers[bias.name] == 1:
             del bias.dims[0]
             changed = True
-    if changed:
-        onnx.save(model, str(path))
+    return changed
 
 
 def is_quantized(graph: Graph) -> bool:
@@ -192,14 +208,3 @@ def _check_array(where: str, array: np.ndarray, shape: tuple[int | None, ...],
         bad = int(np.size(array) - np.isfinite(array).sum())
         raise CompileError(f"{where} holds {bad} NaN or infinite values; calibration "
                            f"ranges need finite data")
-
-
-class _Feeds(ortq.CalibrationDataReader):
-    """onnxruntime's calibration reader over a list of input feeds."""
-
-    def __init__(self, feeds: Sequence[Feed]) -> None:
-        self._feeds: Iterator[Feed] = iter(feeds)
-
-    def get_next(self) -> Optional[dict[str, np.ndarray]]:
-        feed = next(self._feeds, None)
-        return None if feed is None else dict(feed)
