@@ -87,29 +87,17 @@ class Profile:
         return ops / self.accel_cycles if self.accel_cycles else 0.0
 
     def table(self) -> str:
-        """The per-layer table ``tessera profile`` prints."""
+        """The per-layer table ``tessera profile`` prints: a row per layer under headers
+        with their units, the totals, and a legend of the columns."""
         mhz = self.config.clock_mhz
-        head = (f"{'layer':<34}{'kind':<12}{'on':<6}{'cycles':>11}{'ms':>9}{'util':>7}"
-                f"{'DRAM KiB':>10}{'bound':>11}{'by':>8}{'x bound':>8}")
-        lines = [head, "-" * len(head)]
-        for x in self.layers:
-            on = {"accelerator": "accel", "cpu": "cpu", "view": "view"}[x.placement]
-            cyc = f"{x.cycles:,}" if x.cycles is not None else "-"
-            util = f"{x.utilisation:.0%}" if x.utilisation is not None and x.gemm_ops else "-"
-            dram = f"{x.dram_bytes / 1024:,.0f}" if x.dram_bytes else "-"
-            bound = f"{x.bound_cycles:,.0f}" if x.bound_cycles else "-"
-            ratio = (f"{x.cycles / x.bound_cycles:.2f}" if x.cycles and x.bound_cycles
-                     else "-")
-            lines.append(f"{x.name[:33]:<34}{x.kind[:11]:<12}{on:<6}{cyc:>11}"
-                         f"{x.seconds * 1e3:>9.3f}{util:>7}{dram:>10}{bound:>11}"
-                         f"{x.bound_by:>8}{ratio:>8}")
-        lines.append("-" * len(head))
+        rows = [_layer_row(x) for x in self.layers]
+        lines = _aligned(_COLUMNS, rows)
         lines.append(f"accelerator: {self.accel_cycles:,} cycles = {self.accel_seconds * 1e3:.2f} "
                      f"ms at {mhz:g} MHz, GEMM utilisation {self.gemm_utilisation:.1%}")
         lines += self._board_lines()
         lines.append(f"measured here ({self.backend}): CPU layers {self.cpu_seconds * 1e3:.2f} "
                      f"ms, wall time {self.wall_seconds:.2f} s")
-        return "\n".join(lines)
+        return "\n".join(lines + ["", *_LEGEND])
 
     def _board_lines(self) -> list[str]:
         b = self.board
@@ -180,6 +168,49 @@ class Profile:
         from .timeline import write_perfetto_trace
         events, spans = self._merged_trace()
         return write_perfetto_trace(events, self.config, path, spans=spans)
+
+
+#: The profile table's columns: (header, right-aligned).
+_COLUMNS = (("layer", False), ("kind", False), ("runs on", False), ("cycles", True),
+            ("time (ms)", True), ("GEMM use (%)", True), ("DRAM (KiB)", True),
+            ("bound (cycles)", True), ("bound by", False), ("cycles / bound", True))
+_LEGEND = (
+    "time: accelerator layers at the config's clock, CPU layers as timed on this host",
+    "GEMM use: GEMM operations per cycle of the layer (100% = the GEMM core busy every "
+    "cycle)",
+    "DRAM: bytes the layer's loads and stores move",
+    "bound: the layer's fewest cycles by the roofline, set by the compute or the DRAM "
+    "(bound by)",
+    "cycles / bound: how far above its bound the layer ran (1.00 = at the roofline)",
+    "-: not measured, or not applicable to the layer")
+
+
+def _layer_row(x: LayerProfile) -> tuple[str, ...]:
+    """The profile table's cells of one layer."""
+    device = {"accelerator": "accelerator", "cpu": "CPU", "view": "view"}[x.placement]
+    return (x.name, x.kind, device,
+            f"{x.cycles:,}" if x.cycles is not None else "-",
+            f"{x.seconds * 1e3:.3f}",
+            f"{x.utilisation:.0%}".rstrip("%") if x.utilisation is not None and x.gemm_ops
+            else "-",
+            f"{x.dram_bytes / 1024:,.0f}" if x.dram_bytes else "-",
+            f"{x.bound_cycles:,.0f}" if x.bound_cycles else "-",
+            x.bound_by or "-",
+            f"{x.cycles / x.bound_cycles:.2f}" if x.cycles and x.bound_cycles else "-")
+
+
+def _aligned(columns: Sequence[tuple[str, bool]], rows: Sequence[Sequence[str]]) -> list[str]:
+    """Header, rule, rows and rule of a text table, each column as wide as its widest
+    cell (nothing cut off)."""
+    widths = [max([len(head), *(len(r[i]) for r in rows)]) for i, (head, _) in
+              enumerate(columns)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.rjust(w) if right else c.ljust(w)
+                         for c, w, (_, right) in zip(cells, widths, columns)).rstrip()
+    head = line([h for h, _ in columns])
+    rule = "-" * len(head)
+    return [head, rule, *map(line, rows), rule]
 
 
 def frame_spans(schedule: Sequence[ScheduledTask]) -> list[tuple[float, float]]:

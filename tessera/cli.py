@@ -9,17 +9,21 @@ form of their advice (:meth:`tessera.errors.TesseraError.describe`), exit status
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
 from typing import Sequence
 
-from .boards import BOARDS
 from .cli_compress import add_compress_commands
 from .cli_hetero import add_hetero_commands, board_args, host_args, write_board_files
+from .cli_hw import add_hw_commands
 from .cli_inputs import calibration_samples, input_feeds, input_ranks, parse_shapes, random_feeds
+from .cli_output import third_party_output, verbose_arg
+from .cli_zoo import add_zoo_commands
 from .config import DEFAULT_PRESET, PRESETS, get_config
 from .errors import CLI, TesseraError
+from .extras import missing_extra_error
 
 
 def _config_arg(p: argparse.ArgumentParser) -> None:
@@ -83,17 +87,23 @@ def _compile(args: argparse.Namespace):
     shapes = parse_shapes(args.input_shape)
     bar = _StageProgress(f"compiling {path.name}")
     try:
-        return compile_model(proto, args.config, calibration=_calibration(args, proto, shapes),
-                             input_shapes=shapes, force_cpu=args.force_cpu or (),
-                             progress=bar, activations=args.activations, pieces=args.pieces,
-                             tolerance=args.tolerance, host=args.host,
-                             placement=args.placement, skip_zero_blocks=not args.dense_weights)
+        with third_party_output(args.verbose):
+            return compile_model(proto, args.config,
+                                 calibration=_calibration(args, proto, shapes),
+                                 input_shapes=shapes, force_cpu=args.force_cpu or (),
+                                 progress=bar, activations=args.activations,
+                                 pieces=args.pieces, tolerance=args.tolerance, host=args.host,
+                                 placement=args.placement,
+                                 skip_zero_blocks=not args.dense_weights)
     finally:
         bar.close()
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
+    from .runtime.aot import prebuild    # CPU kernels compiled ahead of time into the .tsr
     model = _compile(args)
+    with contextlib.closing(_StageProgress(f"compiling {Path(args.model).name}")) as bar:
+        objects = prebuild(model.compiled, args.cpu_targets or ("host", "board"), bar)
     out = Path(args.output or Path(args.model).with_suffix(".tsr"))
     model.save(out)
     c = model.compiled
@@ -101,6 +111,8 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     print(f"\n{len(c.placements)} nodes: {c.stats['nodes']['accelerator']} on the accelerator "
           f"in {c.stats['segments']} segment(s), {c.stats['nodes']['cpu']} on the CPU, "
           f"{c.stats['nodes']['view']} views; compiled in {c.compile_seconds:.2f} s")
+    if objects:
+        print(f"CPU kernels compiled for {', '.join(objects)} in {sum(objects.values()):.1f} s")
     print(f"wrote {out} ({out.stat().st_size:,} bytes, config {model.config.name!r})")
     return 0
 
@@ -117,8 +129,9 @@ def _run(args: argparse.Namespace, model):
     options = {"bitstream": args.bitstream} if getattr(args, "bitstream", None) else {}
     try:
         device = model.device(args.backend, **options)
-        return model.run(_model_inputs(args, model), device=device, progress=bar,
-                         parallel=args.parallel, host=args.host)
+        with third_party_output(args.verbose):
+            return model.run(_model_inputs(args, model), device=device, progress=bar,
+                             parallel=args.parallel, host=args.host)
     finally:
         bar.close()
         model.close()
@@ -137,6 +150,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
           f"{model.config.clock_mhz:g} MHz); projected latency on the board "
           f"{b.latency_seconds * 1e3:.3f} ms (host model {b.host!r}); {args.backend} wall "
           f"time {profile.wall_seconds:.2f} s")
+    _say_if_accelerator_idle(model)
     if args.output:
         np.savez(args.output, **outputs)
         print(f"wrote {args.output}")
@@ -151,9 +165,30 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         print(json.dumps(profile.to_dict(), indent=1))
     else:
         print(profile.table())
+        _say_if_accelerator_idle(model)
     _write_profile_files(args, profile)
     write_board_files(args, profile)
     return 0
+
+
+#: Placement reasons :func:`_say_if_accelerator_idle` quotes (the summary has them all).
+_IDLE_REASONS = 5
+
+
+def _say_if_accelerator_idle(model) -> None:
+    """Say so when no node of ``model`` ran on the accelerator, and why (its 0 cycles
+    alone read like a measurement)."""
+    placements = model.compiled.placements
+    if any(p.target == "accelerator" for p in placements):
+        return
+    kept = [p for p in placements if p.target == "cpu"]
+    print(f"nothing ran on the accelerator: no node was placed there (config "
+          f"{model.config.name!r}); why, for the nodes on the CPU:")
+    for p in kept[:_IDLE_REASONS]:
+        print(f"  {p.node} ({p.op}): {p.reason}")
+    if len(kept) > _IDLE_REASONS:
+        print(f"  ... and {len(kept) - _IDLE_REASONS} more (tessera compile prints every "
+              "placement)")
 
 
 def _write_profile_files(args: argparse.Namespace, profile) -> None:
@@ -181,8 +216,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
           "against onnxruntime")
     bar = _StageProgress("compiling")
     try:
-        compiled = compile_model(model, config, calibration=zoo.calibration_data(model),
-                                 progress=bar)
+        with third_party_output(args.verbose):
+            compiled = compile_model(model, config, calibration=zoo.calibration_data(model),
+                                     progress=bar)
     finally:
         bar.close()
     c = compiled.compiled
@@ -304,69 +340,6 @@ def _cmd_sim(args: argparse.Namespace) -> int:
     return 0
 
 
-def _require_hw():
-    """The hardware layer, or a clear error when the ``hw`` extra is missing."""
-    try:
-        import amaranth  # noqa: F401
-    except ImportError:
-        raise TesseraError("the hardware commands need Amaranth: install the hw extra, "
-                           "pip install -e \".[hw]\"") from None
-    from . import hw
-    return hw
-
-
-def _cmd_hw_verilog(args: argparse.Namespace) -> int:
-    _require_hw()
-    from .hw.synth import export
-
-    config = get_config(args.config)
-    paths = export.write(config, args.output)
-    for path in paths:
-        print(f"wrote {path}")
-    return 0
-
-
-def _cmd_hw_resources(args: argparse.Namespace) -> int:
-    import json
-
-    _require_hw()
-    from .hw.synth import export, resources
-
-    config = get_config(args.config)
-    part = args.part or config.part
-    print(f"synthesising config {config.name!r} for {part} with yosys synth_xilinx "
-          "(a few minutes for the large presets)...", file=sys.stderr, flush=True)
-    t0 = time.perf_counter()
-    report = resources.synthesize(export.verilog(config), export.TOP_NAME, part)
-    took = time.perf_counter() - t0
-    if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
-    else:
-        print(f"config {config.name!r} on {part} ({took:.0f} s of synthesis)")
-        print(report.table())
-    return 0 if report.fits else 1
-
-
-def _cmd_hw_bitstream(args: argparse.Namespace) -> int:
-    if args.install:
-        # installing a project Vivado ran elsewhere needs neither Amaranth nor Vivado
-        from .bitstreams.build import install_build
-        result = install_build(args.install, args.board, get_config(args.config))
-    else:
-        import shutil
-
-        _require_hw()
-        from .bitstreams.build import build_bitstream
-        if shutil.which(args.vivado or "vivado"):
-            print("writing the project and running Vivado in batch mode (tens of minutes; "
-                  "its log is vivado.log in the project folder)...", file=sys.stderr, flush=True)
-        result = build_bitstream(args.board, get_config(args.config), output=args.output,
-                                 vivado=args.vivado)
-    # Without Vivado the project folder is the documented outcome: exit 0 and say what next
-    print(result.message)
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The ``tessera`` argument parser: one subcommand per function below."""
     from . import __version__
@@ -379,9 +352,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo_command(sub)
     _add_model_commands(sub)
     _add_program_commands(sub)
-    _add_hw_commands(sub)
+    add_hw_commands(sub)
     add_hetero_commands(sub)
     add_compress_commands(sub)
+    add_zoo_commands(sub)
     return parser
 
 
@@ -443,6 +417,7 @@ def _add_demo_command(sub) -> None:
                    help="GEMM: requantize with SHR by this amount, 0 for none (default 8)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trace", metavar="FILE", help="write a Perfetto/Chrome trace JSON")
+    verbose_arg(p)
     p.set_defaults(func=_cmd_demo)
 
 
@@ -478,6 +453,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                         "is at most LSB output steps")
     p.add_argument("--dense-weights", action="store_true",
                    help="multiply zero weight blocks too (default: skipped; same results)")
+    verbose_arg(p)
     host_args(p)
 
 
@@ -499,6 +475,10 @@ def _add_model_commands(sub) -> None:
     p = sub.add_parser("compile", help="compile an ONNX model into a .tsr file")
     _model_args(p)
     p.add_argument("-o", "--output", help="output file (default: the model with .tsr)")
+    p.add_argument("--cpu-targets", nargs="+", action=_Items, metavar="CPU",
+                   help="CPUs whose object code for the CPU kernels the .tsr carries (their "
+                        "first run compiles nothing): host, board (the config's), pynq-z1, "
+                        "pynq-z2, zcu104, x86-64-v3, or none (default: host board)")
     p.set_defaults(func=_cmd_compile)
     _usage_with_model_required(p)
 
@@ -552,37 +532,6 @@ def _add_program_commands(sub) -> None:
     p.set_defaults(func=_cmd_sim)
 
 
-def _add_hw_commands(sub) -> None:
-    """hw verilog, hw resources, hw bitstream."""
-    hw = sub.add_parser("hw", help="hardware: Verilog export, resource estimates and "
-                                   "bitstreams")
-    _help_by_default(hw)
-    hw_sub = hw.add_subparsers(dest="hw_command", metavar="HW_COMMAND")
-    p = hw_sub.add_parser("verilog", help="write the accelerator's Verilog and its register "
-                                          "map/ports as JSON")
-    _config_arg(p)
-    p.add_argument("-o", "--output", default=".", metavar="DIR", help="output directory")
-    p.set_defaults(func=_cmd_hw_verilog)
-    p = hw_sub.add_parser("resources", help="synthesise with yosys (synth_xilinx) and print "
-                                            "LUT/FF/DSP/BRAM use against the part")
-    _config_arg(p)
-    p.add_argument("--part", help="FPGA part (default: the config's part)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.set_defaults(func=_cmd_hw_resources)
-    p = hw_sub.add_parser("bitstream", help="write the Vivado project for a board, build the "
-                                            "bitstream when Vivado is on the PATH and install "
-                                            "it where the pynq backend finds it")
-    p.add_argument("--board", required=True, choices=sorted(BOARDS), help="the board")
-    _config_arg(p)
-    p.add_argument("-o", "--output", metavar="DIR",
-                   help="project folder (default: ./tessera-<board>-<config-id>)")
-    p.add_argument("--vivado", metavar="PATH", help="the Vivado executable (default: vivado "
-                                                   "on the PATH)")
-    p.add_argument("--install", metavar="DIR", help="install the bitstream of a project folder "
-                                                   "Vivado ran elsewhere instead of building")
-    p.set_defaults(func=_cmd_hw_bitstream)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``tessera`` console script."""
     parser = build_parser()
@@ -590,7 +539,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "model", "") is None:
         _claim_model(args)
     try:
-        return args.func(args)
+        try:
+            return args.func(args)
+        except ModuleNotFoundError as exc:
+            # A package of an extra this install lacks: say which extra (else a real bug).
+            raise missing_extra_error(exc) or exc
     except TesseraError as exc:
         print(f"tessera {args.command}: error: {exc.describe(CLI)}", file=sys.stderr)
         return 2

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 import warnings
 from pathlib import Path
 from typing import Any
 
 from .config import DEFAULT_PRESET, PRESETS
+from .progress import StageLines
 
 __all__ = ["add_compress_commands"]
 
@@ -51,28 +51,25 @@ def add_compress_commands(sub: Any) -> None:
 
 
 class _Stages:
-    """``progress(stage, done, total)`` as a stage line with the elapsed time on stderr
-    (always), and a bar per stage on a terminal."""
+    """``progress(stage, done, total)`` as stage lines with the elapsed time on stderr
+    (:class:`tessera.progress.StageLines`), and a bar per stage on a terminal."""
 
     def __init__(self, label: str) -> None:
         from .cli import _StageProgress
-        self.label = label
+        self.lines = StageLines(label)
         self.bars = _StageProgress(label)
-        self.stage = None
-        self.start = time.perf_counter()
 
     def __call__(self, stage: str, done: int, total: int) -> None:
-        if stage != self.stage:
-            self.bars.close()
-            self.stage = stage
-            elapsed = time.perf_counter() - self.start
-            text = "finished" if stage == "done" else stage + (f" ({total})" if total > 1
-                                                               else "")
-            print(f"{self.label}: {text} at {elapsed:.1f} s", file=sys.stderr, flush=True)
         self.bars(stage, done, total)
+        if stage == "done":
+            self.lines.close()
+        else:
+            self.lines.stage(stage + (f" ({total})" if total > 1 else ""))
 
     def close(self) -> None:
+        """End the bars, and the lines: ``stopped after`` unless the work said done."""
         self.bars.close()
+        self.lines.close(failed=True)
 
 
 def _cmd_prune(args: argparse.Namespace) -> int:

@@ -10,6 +10,12 @@ logs, pipes and CI output stay clean. The environment variable ``TESSERA_PROGRES
 overrides that: ``0`` never shows it, ``1`` always does. An explicit ``enabled=``
 argument wins over both (a ``--quiet`` flag must stay quiet). A disabled bar writes
 nothing at all, not even the final line.
+
+Work with no known fraction (a yosys synthesis, a Verilog export) is reported by
+:class:`StageLines` instead: one plain line per stage with the time elapsed since the
+work began, e.g. ``synthesis: abc9 (LUT mapping) at 1:02``. Plain lines read well in
+logs and CI too, so they show wherever the bar would and also off a terminal; only
+``TESSERA_PROGRESS=0`` (or ``enabled=False``) hides them.
 """
 from __future__ import annotations
 
@@ -21,7 +27,7 @@ import time
 from types import TracebackType
 from typing import TextIO
 
-__all__ = ["ENV_VAR", "MIN_INTERVAL", "Progress", "format_duration"]
+__all__ = ["ENV_VAR", "MIN_INTERVAL", "Progress", "StageLines", "format_duration"]
 
 #: Environment variable: ``0`` hides every progress bar, ``1`` shows them even when
 #: the stream is not a terminal.
@@ -48,12 +54,16 @@ def format_duration(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
-def _env_enabled(stream: TextIO) -> bool:
+def _env_enabled(stream: TextIO, *, default: bool | None = None) -> bool:
+    """``TESSERA_PROGRESS`` if set, else ``default``, else whether ``stream`` is a
+    terminal."""
     env = os.environ.get(ENV_VAR, "").strip()
     if env == "0":
         return False
     if env == "1":
         return True
+    if default is not None:
+        return default
     try:
         return bool(stream.isatty())
     except (AttributeError, ValueError):   # no isatty, or a closed stream
@@ -184,3 +194,64 @@ class Progress:
         self._last_len = len(line)
         self._last_draw = now
         self.redraws += 1
+
+
+class StageLines:
+    """Stages of work with no known fraction, one line each with the elapsed time.
+
+    ``stage(name)`` writes ``<label>: <name> at <elapsed>``; :meth:`close` writes
+    ``<label>: done in <elapsed>`` (or ``stopped after`` when the work raised, as a
+    context manager), unless no stage started. ``stream`` defaults to ``sys.stderr``;
+    ``enabled`` ``None`` shows the lines unless ``TESSERA_PROGRESS=0`` (see the module
+    docstring). A repeated stage name is written once.
+    """
+
+    def __init__(self, label: str, *, stream: TextIO | None = None,
+                 enabled: bool | None = None) -> None:
+        self.label = label
+        self.stream: TextIO = stream if stream is not None else sys.stderr
+        self.enabled = (_env_enabled(self.stream, default=True) if enabled is None
+                        else bool(enabled))
+        self.current: str | None = None
+        self.closed = False
+        self._start = _clock()
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds since the lines were started."""
+        return max(0.0, _clock() - self._start)
+
+    def stage(self, name: str) -> None:
+        """Start stage ``name`` (a no-op when it is the current one)."""
+        if self.closed or name == self.current:
+            return
+        self.current = name
+        self._write(f"{self.label}: {name} at {format_duration(self.elapsed)}")
+
+    def close(self, *, failed: bool = False) -> None:
+        """Write the final line with the total time (none when no stage started: the
+        work failed its checks before it began); closing twice writes it once."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.current is None:
+            return
+        verb = "stopped after" if failed else "done in"
+        self._write(f"{self.label}: {verb} {format_duration(self.elapsed)}")
+
+    def __enter__(self) -> StageLines:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close(failed=exc_type is not None)
+
+    def _write(self, line: str) -> None:
+        if not self.enabled:
+            return
+        try:
+            self.stream.write(line + "\n")
+            self.stream.flush()
+        except (OSError, ValueError):
+            # a closed or broken stream must not abort the work it reports on
+            self.enabled = False

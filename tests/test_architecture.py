@@ -56,7 +56,8 @@ ALLOWED = {
 #: The entry points above every layer: the CLI (its scheduling commands in a module of
 #: their own), and ``tessera.compile``/``tessera.load`` (lazy imports in the core
 #: package's ``__init__``).
-ENTRY_POINTS = {"tessera", "tessera.cli", "tessera.cli_hetero", "tessera.cli_compress"}
+ENTRY_POINTS = {"tessera", "tessera.cli", "tessera.cli_hetero", "tessera.cli_compress",
+                "tessera.cli_hw", "tessera.cli_zoo"}
 
 #: Modules allowed past MAX_MODULE_LINES, with the reason.
 LONG_MODULES: dict[str, str] = {}

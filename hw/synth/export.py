@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable
 
+from amaranth.back import rtlil as amaranth_rtlil
 from amaranth.back import verilog as amaranth_verilog
-from amaranth.hdl import ClockDomain, ClockSignal, Elaboratable, Module, ResetSignal, Signal
+from amaranth.hdl import (ClockDomain, ClockSignal, Elaboratable, Fragment, Module, ResetSignal,
+                          Signal)
 from amaranth.lib import wiring
 
 from tessera.config import HwConfig
@@ -19,6 +22,10 @@ from tessera.regmap import describe
 from ..accelerator import Accelerator
 
 TOP_NAME = "tessera_top"
+
+#: The stages :func:`verilog` reports, in order (on ``pynq`` the export takes over a minute,
+#: most of it in the RTLIL conversion).
+EXPORT_STAGES = ("elaborating the design", "converting to RTLIL", "writing Verilog with yosys")
 
 
 class _Top(Elaboratable):
@@ -47,19 +54,32 @@ class _Top(Elaboratable):
         return m
 
 
-def verilog(config: HwConfig) -> str:
-    """The Verilog of the accelerator for ``config`` (top module ``tessera_top``)."""
+def verilog(config: HwConfig, progress: Callable[[str], None] | None = None) -> str:
+    """The Verilog of the accelerator for ``config`` (top module ``tessera_top``).
+
+    ``progress``, if given, is called with each of :data:`EXPORT_STAGES` as it starts.
+    """
+    report = progress or (lambda stage: None)
     top = _Top(config)
-    return amaranth_verilog.convert(top, name=TOP_NAME, ports=top.ports,
-                                    emit_src=False, strip_internal_attrs=True)
+    # amaranth.back.verilog.convert's three steps, taken one at a time to report each;
+    # _convert_rtlil_text is Amaranth's own yosys step (pyproject pins Amaranth 0.5.10).
+    report(EXPORT_STAGES[0])
+    fragment = Fragment.get(top, None)
+    report(EXPORT_STAGES[1])
+    rtlil_text, _ = amaranth_rtlil.convert_fragment(fragment, top.ports, TOP_NAME,
+                                                    emit_src=False)
+    report(EXPORT_STAGES[2])
+    return amaranth_verilog._convert_rtlil_text(rtlil_text, strip_internal_attrs=True)
 
 
-def write(config: HwConfig, directory: str | Path) -> list[Path]:
-    """Write ``tessera_top.v`` and ``tessera_top.json`` (register map and ports) to ``directory``."""
+def write(config: HwConfig, directory: str | Path,
+          progress: Callable[[str], None] | None = None) -> list[Path]:
+    """Write ``tessera_top.v`` and ``tessera_top.json`` (register map and ports) to
+    ``directory``; ``progress`` as for :func:`verilog`."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     v = out / f"{TOP_NAME}.v"
-    v.write_text(verilog(config))
+    v.write_text(verilog(config, progress))
     j = out / f"{TOP_NAME}.json"
     j.write_text(json.dumps({"top": TOP_NAME, **describe(config)}, indent=2) + "\n")
     return [v, j]

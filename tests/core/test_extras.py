@@ -32,3 +32,16 @@ def test_the_error_names_the_module_the_extra_and_the_pip_command_per_interface(
 
 def test_an_unknown_distribution_has_no_extras():
     assert extras_providing("onnx", distribution="no-such-distribution") == []
+
+
+def test_the_cli_turns_a_missing_package_into_the_extra_to_install(monkeypatch, capsys, tmp_path):
+    import sys
+
+    from tessera import cli
+    model = tmp_path / "net.onnx"
+    model.write_bytes(b"")
+    monkeypatch.setitem(sys.modules, "onnx", None)     # as if the sim extra were missing
+    assert cli.main(["compile", str(model)]) == 2
+    err = capsys.readouterr().err
+    assert "tessera compile: error: this needs onnx, which the 'sim' extra installs" in err
+    assert "pip install 'tessera[sim]'" in err and "Traceback" not in err
