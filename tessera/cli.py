@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 import time
 from pathlib import Path
@@ -547,6 +548,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TesseraError as exc:
         print(f"tessera {args.command}: error: {exc.describe(CLI)}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader went away (``tessera zoo | head``): stop quietly, as Unix tools do;
+        # stdout goes to devnull so the interpreter's final flush cannot fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

@@ -156,3 +156,16 @@ def test_third_party_warnings_are_hidden_and_others_shown(capsys, monkeypatch):
         warnings.warn_explicit("a warning of ours", UserWarning, __file__, 1)
     assert [str(m) for m in shown] == ["a warning of ours"]
     assert "1 log line(s) and warning(s) of onnxruntime/onnx hidden" in capsys.readouterr().err
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly():
+    # `tessera zoo | head -1`: the pipe is closed before the table is written
+    import subprocess
+    import sys
+    command = subprocess.Popen([sys.executable, "-c", "import sys; from tessera.cli import "
+                                "main; sys.exit(main(['zoo']))"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    command.stdout.close()
+    err = command.stderr.read().decode()
+    assert command.wait(timeout=120) == 1
+    assert "Traceback" not in err and "BrokenPipe" not in err
