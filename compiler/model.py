@@ -23,6 +23,10 @@ A :class:`CompiledModel` is plain data (programs, packed weights inside them, CP
 IR, the step list, the placements, the config): :meth:`CompiledModel.save` writes it as
 a :class:`~tessera.modelfile.ModelFile` and :meth:`CompiledModel.load` reads it back
 with numpy alone. :mod:`tessera.runtime.executor` runs it.
+
+A CPU kernel may also carry its module compiled ahead of time for some CPUs
+(:mod:`.cpu.objects`, built by :func:`tessera.runtime.aot.prebuild`); the file then holds
+them too.
 """
 from __future__ import annotations
 
@@ -41,6 +45,7 @@ from tessera.modelfile import ModelFile
 
 from .accel.build import CompiledProgram, compile_ops
 from .cpu.lower import CpuStep
+from .cpu.objects import read_cpu_objects, write_cpu_objects
 from .accel.ops import Concat, Conv2d, ConvTranspose2d, Dense, Op, Pool2d, Residual
 from .accel.roofline import op_roofline
 
@@ -154,6 +159,7 @@ class CompiledModel:
         """The model as a :class:`~tessera.modelfile.ModelFile` (see :meth:`save`)."""
         mf = ModelFile({}, self.config)
         steps = []
+        targets = write_cpu_objects(self.steps, mf)
         for k, step in enumerate(self.steps):
             if isinstance(step, AccelStep):
                 mf.add_program(f"program.{k}", step.program.program)
@@ -177,6 +183,8 @@ class CompiledModel:
             "state": self.state,
             "host": None if self.host is None else self.host.to_dict(),
         }
+        if targets:
+            mf.manifest["cpu_targets"] = targets
         return mf
 
     def save(self, path: str | Path) -> Path:
@@ -210,6 +218,7 @@ class CompiledModel:
                     if d.get("kernel") is not None:
                         d = {**d, "kernel": {**d["kernel"], "ir": mf.text(f"kernel.{k}")}}
                     steps.append(CpuStep.from_dict(d, consts))
+            read_cpu_objects(steps, mf, source)
             return cls(mf.config, [TensorSig.from_dict(t) for t in m["inputs"]],
                        [TensorSig.from_dict(t) for t in m["outputs"]], steps,
                        [Placement.from_dict(p) for p in m["placements"]], m.get("source", ""),

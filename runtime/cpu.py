@@ -15,9 +15,10 @@ import numpy as np
 
 from tessera.compiler.cpu.kernel import CpuKernel, TensorSpec
 from tessera.errors import CpuKernelError
-from tessera.runtime.jit import get_jit
+from tessera.runtime.jit import JitModule, get_jit
 
 from . import cpu_abi as abi
+from .aot import prebuilt_module
 
 #: Most threads used by default (memory-bound kernels stop scaling well before this).
 MAX_THREADS = 8
@@ -220,16 +221,23 @@ def _c_strides(spec: TensorSpec) -> tuple[int, ...]:
 
 
 def load_kernel(kernel: CpuKernel) -> LoadedKernel:
-    """JIT-compile ``kernel`` through the process-wide Jit (memory and disk cached).
-    Kernels with a parallel form also get it, run on :func:`cpu_threads` threads when
+    """``kernel`` ready to call: from the object compiled ahead of time for this host if
+    it has one (see :mod:`.aot`: :func:`~.aot.prebuild`, or a loaded ``.tsr``'s), else
+    JIT-compiled through the process-wide Jit (memory and disk cached). Kernels with a
+    parallel form also get it, run on :func:`cpu_threads` threads when
     :func:`auto_threads` says the work pays for them."""
+    module = prebuilt_module(kernel)
+    if module is None:
+        module = get_jit().compile(abi.module_ir(kernel, fast=abi.FAST_CALL,
+                                                 checked=abi.NATIVE_CHECKS))
+    return _bind(kernel, module, auto_threads(kernel, cpu_threads()))
+
+
+def _bind(kernel: CpuKernel, module: JitModule, threads: int) -> LoadedKernel:
+    """The LoadedKernel calling ``module``'s functions (built by
+    :func:`~.cpu_abi.module_ir`)."""
     n_args = len(kernel.inputs) + len(kernel.outputs)
-    ir_text = kernel.ir
-    if kernel.parallel:
-        ir_text += "\n" + abi.parallel_ir(kernel, n_args)
-    threads = auto_threads(kernel, cpu_threads())
     if not abi.FAST_CALL:
-        module = get_jit().compile(ir_text)
         ptrs = [ctypes.c_void_p] * n_args
         fn = ctypes.CFUNCTYPE(None, *ptrs)(module.address(kernel.entry))
         par_fn = None
@@ -238,13 +246,6 @@ def load_kernel(kernel: CpuKernel) -> LoadedKernel:
         return LoadedKernel(kernel, fn, fast=False, keepalive=module, par_fn=par_fn,
                             threads=threads)
     specs = (*kernel.inputs, *kernel.outputs)
-    wrappers = [abi.PY_DECLS, abi.pycall_ir(abi.PY_ENTRY, kernel.entry, n_args, False)]
-    if abi.NATIVE_CHECKS:
-        wrappers.append(abi.checked_pycall_ir(abi.CHECKED_ENTRY, kernel.entry, specs,
-                                           len(kernel.inputs)))
-    if kernel.parallel:
-        wrappers.append(abi.pycall_ir(abi.PY_PAR_ENTRY, abi.PAR_ENTRY, n_args, True))
-    module = get_jit().compile(ir_text + "\n" + "\n".join(wrappers))
     fn, method = abi.builtin(module.address(abi.PY_ENTRY), kernel.name)
     par_fn = par_method = checked_fn = checked_method = None
     if kernel.parallel:

@@ -28,10 +28,16 @@ thread and the rest on threads made with ``pthread_create`` (libc, resolved by M
 the process), and joins them before returning. There is no persistent pool: nothing to
 leak, to lock between Python threads, or to rebuild after ``fork``; the price is
 ~50 us per call for thread start-up, so only large kernels use it (``tessera.runtime.cpu.auto_threads``).
+
+The layouts all this IR bakes in (pointer and ``Py_ssize_t`` sizes, where numpy's fields
+sit) are an :class:`Abi`: this process's (:data:`NATIVE`) for the JIT, another host's
+for a kernel's module compiled ahead of time for it (:func:`module_ir`,
+:mod:`tessera.runtime.aot`).
 """
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -41,12 +47,68 @@ from tessera.compiler.cpu.kernel import CpuKernel, TensorSpec
 PY_ENTRY = "tessera.pycall"
 PY_PAR_ENTRY = "tessera.pycall.parallel"
 PAR_ENTRY = "tessera.parallel"
-_DATA_OFFSET = object.__basicsize__    # PyArrayObject: PyObject_HEAD, then char *data
 _METH_FASTCALL = 0x0080
-#: C types the wrappers pass to CPython and libc, sized for this host: a PYNQ-Z1/Z2
-#: runs 32-bit ARM Linux, where both are 32 bits.
-_SSIZE_T = f"i{8 * ctypes.sizeof(ctypes.c_ssize_t)}"     # Py_ssize_t
-_PTHREAD_T = f"i{8 * ctypes.sizeof(ctypes.c_ulong)}"     # pthread_t on Linux
+
+
+@dataclass(frozen=True)
+class Abi:
+    """The layouts the wrappers' IR bakes in, for one kind of host: the size of a pointer
+    (also ``Py_ssize_t`` and Linux's ``pthread_t``, an ``unsigned long``, on the LP64
+    and ILP32 Linux hosts Tessera runs on: a PYNQ-Z1/Z2 runs 32-bit ARM Linux) and of
+    CPython's ``PyObject_HEAD`` (reference count, type pointer), after which numpy's
+    ``PyArrayObject_fields`` follow (:data:`ARRAY_FIELDS`, C alignment rules).
+    :data:`NATIVE` is this process's; :meth:`for_pointer_bytes` a non-debug CPython's on
+    another host (objects compiled ahead of time for a board)."""
+
+    pointer: int
+    object_head: int
+
+    @classmethod
+    def for_pointer_bytes(cls, pointer: int) -> "Abi":
+        """A non-debug CPython's layout on a host with ``pointer``-byte pointers."""
+        return cls(pointer, 2 * pointer)
+
+    @property
+    def ssize_t(self) -> str:
+        """LLVM type of ``Py_ssize_t``."""
+        return f"i{8 * self.pointer}"
+
+    @property
+    def pthread_t(self) -> str:
+        """LLVM type of ``pthread_t`` on Linux."""
+        return f"i{8 * self.pointer}"
+
+    @property
+    def type_offset(self) -> int:
+        """Offset of ``ob_type``, which ends ``PyObject_HEAD``."""
+        return self.object_head - self.pointer
+
+    def field_offset(self, name: str) -> int:
+        """Offset of numpy's ``PyArrayObject_fields.<name>`` (``data`` right after the
+        object header; each field aligned to its size, as a C compiler lays it out)."""
+        offset = self.object_head
+        for field, size in ARRAY_FIELDS:
+            size = size or self.pointer
+            offset = -(-offset // size) * size
+            if field == name:
+                return offset
+            offset += size
+        raise KeyError(name)
+
+    def to_dict(self) -> dict[str, int]:
+        return {"pointer": self.pointer, "object_head": self.object_head}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Abi":
+        return cls(int(d["pointer"]), int(d["object_head"]))
+
+
+#: numpy's ``PyArrayObject_fields`` up to ``flags``: (name, size in bytes; 0: a pointer).
+ARRAY_FIELDS = (("data", 0), ("nd", 4), ("dimensions", 0), ("strides", 0), ("base", 0),
+                ("descr", 0), ("flags", 4))
+#: This process's layouts (``Py_ssize_t`` and ``unsigned long`` are pointer-sized on the
+#: Linux hosts Tessera supports; :data:`FAST_CALL` checks the header on a probe).
+NATIVE = Abi(ctypes.sizeof(ctypes.c_void_p), object.__basicsize__)
 
 
 class _PyMethodDef(ctypes.Structure):
@@ -63,8 +125,7 @@ class _ArrayFields(ctypes.Structure):
                 ("descr", ctypes.c_void_p), ("flags", ctypes.c_int)]
 
 
-_PTR_SIZE = ctypes.sizeof(ctypes.c_void_p)
-_TYPE_OFFSET = object.__basicsize__ - _PTR_SIZE     # ob_type ends PyObject_HEAD
+_TYPE_OFFSET = NATIVE.type_offset
 _C_CONTIGUOUS, _ALIGNED, _WRITEABLE = 0x1, 0x100, 0x400     # NPY_ARRAY_* flags
 CHECKED_ENTRY = "tessera.pycall.checked"
 EXPECT = "tessera.expect"
@@ -87,7 +148,11 @@ def _fields_match(a: np.ndarray) -> bool:
 
 def array_layout_holds() -> bool:
     """True if ndarray objects are laid out as ``_ArrayFields`` says and the flag bits
-    are the ones the checked wrapper tests, on probes that differ in every field."""
+    are the ones the checked wrapper tests, on probes that differ in every field, and
+    :data:`NATIVE` places the fields where ``_ArrayFields`` does."""
+    if any(getattr(_ArrayFields, name).offset != NATIVE.field_offset(name)
+           for name, _ in ARRAY_FIELDS):
+        return False
     owner = np.arange(12, dtype=np.float32).reshape(3, 4)
     frozen = np.zeros(5, np.int32)
     frozen.flags.writeable = False
@@ -102,7 +167,7 @@ def array_layout_holds() -> bool:
 
 def _fast_call_available() -> bool:
     probe = np.arange(3.0)
-    if ctypes.c_void_p.from_address(id(probe) + _DATA_OFFSET).value != probe.ctypes.data:
+    if ctypes.c_void_p.from_address(id(probe) + NATIVE.field_offset("data")).value != probe.ctypes.data:
         return False
     return all(hasattr(ctypes.pythonapi, f) for f in
                ("PyCFunction_NewEx", "PyEval_SaveThread", "PyEval_RestoreThread", "Py_IncRef"))
@@ -112,34 +177,37 @@ FAST_CALL = _fast_call_available()
 NATIVE_CHECKS = FAST_CALL and array_layout_holds()
 
 
-def _data_pointers(n_args: int) -> list[str]:
+def _data_pointers(n_args: int, abi: Abi) -> list[str]:
     """IR loading the data pointer of array ``args[i]`` into ``%d{i}``."""
     body = []
     for i in range(n_args):
         body += [f"  %p{i} = getelementptr inbounds ptr, ptr %args, i64 {i}",
-                 f"  %a{i} = load ptr, ptr %p{i}, align 8",
-                 f"  %g{i} = getelementptr inbounds i8, ptr %a{i}, i64 {_DATA_OFFSET}",
-                 f"  %d{i} = load ptr, ptr %g{i}, align 8"]
+                 f"  %a{i} = load ptr, ptr %p{i}, align {abi.pointer}",
+                 f"  %g{i} = getelementptr inbounds i8, ptr %a{i}, i64 "
+                 f"{abi.field_offset('data')}",
+                 f"  %d{i} = load ptr, ptr %g{i}, align {abi.pointer}"]
     return body
 
 
-def pycall_ir(name: str, callee: str, n_args: int, threads_arg: bool) -> str:
+def pycall_ir(name: str, callee: str, n_args: int, threads_arg: bool,
+              abi: Abi = NATIVE) -> str:
     """IR of ``PyObject *name(PyObject *self, PyObject *const *args, Py_ssize_t
     nargs)``: calls ``callee`` with the data pointers of the ``n_args`` arrays in
     ``args`` (checked by the caller) without the GIL; returns ``self`` (None) as a new
     reference. With ``threads_arg``, ``args[n_args]`` is a Python int passed on as a
-    trailing i64 (the thread count)."""
-    body = _data_pointers(n_args)
+    trailing i64 (the thread count). ``abi``: the layouts of the host it runs on."""
+    body = _data_pointers(n_args, abi)
+    ssize_t = abi.ssize_t
     args = [f"ptr %d{i}" for i in range(n_args)]
     if threads_arg:
         body += [f"  %pn = getelementptr inbounds ptr, ptr %args, i64 {n_args}",
-                 "  %an = load ptr, ptr %pn, align 8",
-                 f"  %nt = call {_SSIZE_T} @PyLong_AsSsize_t(ptr %an)"]
-        if _SSIZE_T != "i64":
-            body.append(f"  %nt64 = sext {_SSIZE_T} %nt to i64")
-        args.append("i64 %nt64" if _SSIZE_T != "i64" else "i64 %nt")
+                 f"  %an = load ptr, ptr %pn, align {abi.pointer}",
+                 f"  %nt = call {ssize_t} @PyLong_AsSsize_t(ptr %an)"]
+        if ssize_t != "i64":
+            body.append(f"  %nt64 = sext {ssize_t} %nt to i64")
+        args.append("i64 %nt64" if ssize_t != "i64" else "i64 %nt")
     return "\n".join([
-        f'define ptr @"{name}"(ptr %self, ptr %args, {_SSIZE_T} %nargs) {{',
+        f'define ptr @"{name}"(ptr %self, ptr %args, {ssize_t} %nargs) {{',
         *body,
         "  %ts = call ptr @PyEval_SaveThread()",
         f'  call void @"{callee}"({", ".join(args)})',
@@ -149,16 +217,16 @@ def pycall_ir(name: str, callee: str, n_args: int, threads_arg: bool) -> str:
         "}", ""])
 
 
-def _field(a: str, field: str, ty: str, out: str) -> list[str]:
-    """IR loading ``_ArrayFields.<field>`` (of LLVM type ``ty``) of object ``%a`` into
+def _field(a: str, field: str, ty: str, out: str, abi: Abi) -> list[str]:
+    """IR loading numpy's ``<field>`` (of LLVM type ``ty``) of object ``%a`` into
     ``%out`` (aligned as an int: every field is at least that)."""
-    offset = getattr(_ArrayFields, field).offset
+    offset = abi.field_offset(field)
     return [f"  %{out}.p = getelementptr inbounds i8, ptr %{a}, i64 {offset}",
             f"  %{out} = load {ty}, ptr %{out}.p, align {ctypes.sizeof(ctypes.c_int)}"]
 
 
 def checked_pycall_ir(name: str, callee: str, specs: Sequence[TensorSpec],
-                       n_in: int) -> str:
+                       n_in: int, abi: Abi = NATIVE) -> str:
     """IR of a METH_FASTCALL function like :func:`pycall_ir`'s that first checks its
     arguments against ``specs`` (inputs, then outputs): exactly ``len(specs)`` of them,
     each an exact ndarray with the spec's dtype singleton and shape, C-contiguous and
@@ -166,19 +234,21 @@ def checked_pycall_ir(name: str, callee: str, specs: Sequence[TensorSpec],
     (the kernel's pointers are noalias). If all hold it runs ``callee`` without the GIL
     and returns None; otherwise it returns ``NotImplemented`` having touched nothing.
     The expected object addresses come from the global ``tessera.expect``: ndarray,
-    NotImplemented, then each argument's dtype (filled in by :func:`load_kernel`)."""
+    NotImplemented, then each argument's dtype (filled in by :func:`load_kernel`).
+    ``abi``: the layouts of the host it runs on."""
     n = len(specs)
+    ssize_t = abi.ssize_t
     slots = f"[{n + 2} x ptr]"
     lines = [f'@"{EXPECT}" = global {slots} zeroinitializer',
-             f'define ptr @"{name}"(ptr %self, ptr %args, {_SSIZE_T} %nargs) {{',
+             f'define ptr @"{name}"(ptr %self, ptr %args, {ssize_t} %nargs) {{',
              "entry:",
-             f"  %nargs.ok = icmp eq {_SSIZE_T} %nargs, {n}",
-             f'  %ndarray = load ptr, ptr @"{EXPECT}", align {_PTR_SIZE}',
+             f"  %nargs.ok = icmp eq {ssize_t} %nargs, {n}",
+             f'  %ndarray = load ptr, ptr @"{EXPECT}", align {abi.pointer}',
              "  br i1 %nargs.ok, label %arg0, label %reject"]
     for i, spec in enumerate(specs):
         after = f"arg{i + 1}" if i + 1 < n else "disjoint"
-        lines += _argument_check_ir(i, spec, i >= n_in, slots, after)
-    lines += ["disjoint:", *_disjoint_ir(specs, n_in)]
+        lines += _argument_check_ir(i, spec, i >= n_in, slots, after, abi)
+    lines += ["disjoint:", *_disjoint_ir(specs, n_in, abi)]
     args = ", ".join(f"ptr %d{i}" for i in range(n))
     lines += ["run:",
               "  %ts = call ptr @PyEval_SaveThread()",
@@ -188,7 +258,7 @@ def checked_pycall_ir(name: str, callee: str, specs: Sequence[TensorSpec],
               "  ret ptr %self",
               "reject:",
               f'  %ni.p = getelementptr inbounds {slots}, ptr @"{EXPECT}", i64 0, i64 1',
-              f"  %ni = load ptr, ptr %ni.p, align {_PTR_SIZE}",
+              f"  %ni = load ptr, ptr %ni.p, align {abi.pointer}",
               "  call void @Py_IncRef(ptr %ni)",
               "  ret ptr %ni",
               "}", ""]
@@ -196,27 +266,28 @@ def checked_pycall_ir(name: str, callee: str, specs: Sequence[TensorSpec],
 
 
 def _argument_check_ir(i: int, spec: TensorSpec, output: bool, slots: str,
-                       after: str) -> list[str]:
+                       after: str, abi: Abi) -> list[str]:
     """Blocks ``arg<i>...`` of :func:`checked_pycall_ir`: argument ``i`` is an ndarray
     matching ``spec`` (writeable if an ``output``), its data pointer left in ``%d<i>``;
     on success they branch to block ``after``, else to ``reject``."""
     flags = _C_CONTIGUOUS | _ALIGNED | (_WRITEABLE if output else 0)
+    ptr, ssize_t = abi.pointer, abi.ssize_t
     # Blocks in order, each reading only what the previous one proved is there:
     # the type (any object has one), the fixed fields, the dimensions array.
     lines = [f"arg{i}:",
              f"  %a{i}.p = getelementptr inbounds ptr, ptr %args, i64 {i}",
-             f"  %a{i} = load ptr, ptr %a{i}.p, align {_PTR_SIZE}",
-             f"  %a{i}.t.p = getelementptr inbounds i8, ptr %a{i}, i64 {_TYPE_OFFSET}",
-             f"  %a{i}.t = load ptr, ptr %a{i}.t.p, align {_PTR_SIZE}",
+             f"  %a{i} = load ptr, ptr %a{i}.p, align {ptr}",
+             f"  %a{i}.t.p = getelementptr inbounds i8, ptr %a{i}, i64 {abi.type_offset}",
+             f"  %a{i}.t = load ptr, ptr %a{i}.t.p, align {ptr}",
              f"  %a{i}.t.ok = icmp eq ptr %a{i}.t, %ndarray",
              f"  br i1 %a{i}.t.ok, label %arg{i}.fields, label %reject",
              f"arg{i}.fields:",
-             *_field(f"a{i}", "nd", "i32", f"a{i}.nd"),
-             *_field(f"a{i}", "descr", "ptr", f"a{i}.dt"),
-             *_field(f"a{i}", "flags", "i32", f"a{i}.fl"),
+             *_field(f"a{i}", "nd", "i32", f"a{i}.nd", abi),
+             *_field(f"a{i}", "descr", "ptr", f"a{i}.dt", abi),
+             *_field(f"a{i}", "flags", "i32", f"a{i}.fl", abi),
              f"  %a{i}.dt.e.p = getelementptr inbounds {slots}, ptr @\"{EXPECT}\", "
              f"i64 0, i64 {i + 2}",
-             f"  %a{i}.dt.e = load ptr, ptr %a{i}.dt.e.p, align {_PTR_SIZE}",
+             f"  %a{i}.dt.e = load ptr, ptr %a{i}.dt.e.p, align {ptr}",
              f"  %a{i}.nd.ok = icmp eq i32 %a{i}.nd, {spec.ndim}",
              f"  %a{i}.dt.ok = icmp eq ptr %a{i}.dt, %a{i}.dt.e",
              f"  %a{i}.fl.m = and i32 %a{i}.fl, {flags}",
@@ -225,91 +296,95 @@ def _argument_check_ir(i: int, spec: TensorSpec, output: bool, slots: str,
              f"  %a{i}.ok1 = and i1 %a{i}.ok0, %a{i}.fl.ok",
              f"  br i1 %a{i}.ok1, label %arg{i}.shape, label %reject",
              f"arg{i}.shape:",
-             *_field(f"a{i}", "data", "ptr", f"d{i}")]
+             *_field(f"a{i}", "data", "ptr", f"d{i}", abi)]
     if not spec.ndim:
         return lines + [f"  br label %{after}"]
-    lines += _field(f"a{i}", "dimensions", "ptr", f"a{i}.dims")
+    lines += _field(f"a{i}", "dimensions", "ptr", f"a{i}.dims", abi)
     ok = "true"
     for k, d in enumerate(spec.shape):
-        lines += [f"  %a{i}.d{k}.p = getelementptr inbounds {_SSIZE_T}, "
+        lines += [f"  %a{i}.d{k}.p = getelementptr inbounds {ssize_t}, "
                   f"ptr %a{i}.dims, i64 {k}",
-                  f"  %a{i}.d{k} = load {_SSIZE_T}, ptr %a{i}.d{k}.p, align {_PTR_SIZE}",
-                  f"  %a{i}.d{k}.ok = icmp eq {_SSIZE_T} %a{i}.d{k}, {d}",
+                  f"  %a{i}.d{k} = load {ssize_t}, ptr %a{i}.d{k}.p, align {ptr}",
+                  f"  %a{i}.d{k}.ok = icmp eq {ssize_t} %a{i}.d{k}, {d}",
                   f"  %a{i}.s{k} = and i1 {ok}, %a{i}.d{k}.ok"]
         ok = f"%a{i}.s{k}"
     return lines + [f"  br i1 {ok}, label %{after}, label %reject"]
 
 
-def _disjoint_ir(specs: Sequence[TensorSpec], n_in: int) -> list[str]:
+def _disjoint_ir(specs: Sequence[TensorSpec], n_in: int, abi: Abi) -> list[str]:
     """Body of :func:`checked_pycall_ir`'s ``disjoint`` block: to ``reject`` if an
     output's bytes overlap another argument's, else to ``run``."""
     # Two contiguous buffers overlap iff their byte ranges intersect; empty ones hold
     # no bytes. Inputs may overlap each other (the kernel only reads them).
     lines = []
     filled = [i for i, sp in enumerate(specs) if sp.nbytes]
+    ssize_t = abi.ssize_t
     for i in filled:
-        lines += [f"  %d{i}.lo = ptrtoint ptr %d{i} to {_SSIZE_T}",
-                  f"  %d{i}.hi = add {_SSIZE_T} %d{i}.lo, {specs[i].nbytes}"]
+        lines += [f"  %d{i}.lo = ptrtoint ptr %d{i} to {ssize_t}",
+                  f"  %d{i}.hi = add {ssize_t} %d{i}.lo, {specs[i].nbytes}"]
     clash = "false"
     for j in (j for j in filled if j >= n_in):
         for i in (i for i in filled if i < j):
-            lines += [f"  %o{i}.{j}.a = icmp ult {_SSIZE_T} %d{i}.lo, %d{j}.hi",
-                      f"  %o{i}.{j}.b = icmp ult {_SSIZE_T} %d{j}.lo, %d{i}.hi",
+            lines += [f"  %o{i}.{j}.a = icmp ult {ssize_t} %d{i}.lo, %d{j}.hi",
+                      f"  %o{i}.{j}.b = icmp ult {ssize_t} %d{j}.lo, %d{i}.hi",
                       f"  %o{i}.{j} = and i1 %o{i}.{j}.a, %o{i}.{j}.b",
                       f"  %c{i}.{j} = or i1 {clash}, %o{i}.{j}"]
             clash = f"%c{i}.{j}"
     return lines + [f"  br i1 {clash}, label %reject, label %run"]
 
 
-PY_DECLS = "\n".join(["declare ptr @PyEval_SaveThread()",
-                       "declare void @PyEval_RestoreThread(ptr)",
-                       "declare void @Py_IncRef(ptr)",
-                       f"declare {_SSIZE_T} @PyLong_AsSsize_t(ptr)", ""])
+def py_decls(abi: Abi = NATIVE) -> str:
+    """Declarations of the CPython functions the wrappers call."""
+    return "\n".join(["declare ptr @PyEval_SaveThread()",
+                      "declare void @PyEval_RestoreThread(ptr)",
+                      "declare void @Py_IncRef(ptr)",
+                      f"declare {abi.ssize_t} @PyLong_AsSsize_t(ptr)", ""])
 
 
-def parallel_ir(kernel: CpuKernel, n_args: int) -> str:
+def parallel_ir(kernel: CpuKernel, n_args: int, abi: Abi = NATIVE) -> str:
     """IR of ``void tessera.parallel(ptr d0, ..., i64 n)``: runs ``<entry>.range`` on
     ``n`` (1 <= n <= extent) near-equal slices of the kernel's parallel loop, slice 0
     on the calling thread and the others on threads made with ``pthread_create``
     (joined before returning; a slice whose thread cannot be made runs on the calling
     thread). ``tessera.slice`` is the thread body: it reads the pointers and its
-    ``[begin, end)`` from a ``{ptr args, i64 begin, i64 end}`` context."""
+    ``[begin, end)`` from a ``{ptr args, i64 begin, i64 end}`` context. ``abi``: the
+    layouts of the host it runs on."""
     stores = []
     for i in range(n_args):
         stores += [f"  %w{i} = getelementptr inbounds ptr, ptr %argv, i64 {i}",
-                   f"  store ptr %d{i}, ptr %w{i}, align 8"]
+                   f"  store ptr %d{i}, ptr %w{i}, align {abi.pointer}"]
     params = ", ".join(f"ptr %d{i}" for i in range(n_args))
     return "\n".join([
         "declare i32 @pthread_create(ptr, ptr, ptr, ptr)",
-        f"declare i32 @pthread_join({_PTHREAD_T}, ptr)",
-        *_slice_ir(kernel.range_entry, n_args),
+        f"declare i32 @pthread_join({abi.pthread_t}, ptr)",
+        *_slice_ir(kernel.range_entry, n_args, abi),
         f'define void @"{PAR_ENTRY}"({params}, i64 %n) {{',
         "entry:",
         f"  %argv = alloca ptr, i64 {n_args}, align 8",
         *stores,
         "  %ctxs = alloca { ptr, i64, i64 }, i64 %n, align 8",
-        f"  %tids = alloca {_PTHREAD_T}, i64 %n, align 8",
+        f"  %tids = alloca {abi.pthread_t}, i64 %n, align 8",
         "  %made = alloca i8, i64 %n, align 1",
         "  br label %fill",
         *_fill_slices_ir(kernel.parallel),
-        *_spawn_ir(),
-        *_join_ir(),
+        *_spawn_ir(abi),
+        *_join_ir(abi),
         "done:",
         "  ret void",
         "}", ""])
 
 
-def _slice_ir(range_entry: str, n_args: int) -> list[str]:
+def _slice_ir(range_entry: str, n_args: int, abi: Abi) -> list[str]:
     """``tessera.slice(ptr ctx)``, the thread body of :func:`parallel_ir`: calls
     ``range_entry`` with the context's ``n_args`` pointers and ``[begin, end)``."""
     loads, ptrs = [], []
     for i in range(n_args):
         loads += [f"  %q{i} = getelementptr inbounds ptr, ptr %argv, i64 {i}",
-                  f"  %v{i} = load ptr, ptr %q{i}, align 8"]
+                  f"  %v{i} = load ptr, ptr %q{i}, align {abi.pointer}"]
         ptrs.append(f"ptr %v{i}")
     return [
         'define internal ptr @"tessera.slice"(ptr %ctx) {',
-        "  %argv = load ptr, ptr %ctx, align 8",
+        f"  %argv = load ptr, ptr %ctx, align {abi.pointer}",
         "  %pb = getelementptr inbounds { ptr, i64, i64 }, ptr %ctx, i64 0, i32 1",
         "  %begin = load i64, ptr %pb, align 8",
         "  %pe = getelementptr inbounds { ptr, i64, i64 }, ptr %ctx, i64 0, i32 2",
@@ -341,7 +416,7 @@ def _fill_slices_ir(extent: int) -> list[str]:
         "  br i1 %more, label %fill, label %spawn.head"]
 
 
-def _spawn_ir() -> list[str]:
+def _spawn_ir(abi: Abi) -> list[str]:
     """Blocks ``spawn...`` and ``run0`` of :func:`parallel_ir`: a thread per slice 1..n-1
     (recording in ``%made`` which exist; a slice without one runs inline), then slice 0."""
     return [
@@ -353,7 +428,7 @@ def _spawn_ir() -> list[str]:
         "  br i1 %go, label %spawn.body, label %run0",
         "spawn.body:",
         "  %sc = getelementptr inbounds { ptr, i64, i64 }, ptr %ctxs, i64 %s",
-        f"  %st = getelementptr inbounds {_PTHREAD_T}, ptr %tids, i64 %s",
+        f"  %st = getelementptr inbounds {abi.pthread_t}, ptr %tids, i64 %s",
         '  %rc = call i32 @pthread_create(ptr %st, ptr null, ptr @"tessera.slice", ptr %sc)',
         "  %ok = icmp eq i32 %rc, 0",
         "  %sm = getelementptr inbounds i8, ptr %made, i64 %s",
@@ -371,7 +446,7 @@ def _spawn_ir() -> list[str]:
         "  br label %join"]
 
 
-def _join_ir() -> list[str]:
+def _join_ir(abi: Abi) -> list[str]:
     """Blocks ``join...`` of :func:`parallel_ir`: join every thread that was made, then
     branch to ``done``."""
     return [
@@ -385,9 +460,9 @@ def _join_ir() -> list[str]:
         "  %jok = icmp ne i8 %jmade, 0",
         "  br i1 %jok, label %join.call, label %join.next",
         "join.call:",
-        f"  %jt = getelementptr inbounds {_PTHREAD_T}, ptr %tids, i64 %j",
-        f"  %tid = load {_PTHREAD_T}, ptr %jt",
-        f"  %jr = call i32 @pthread_join({_PTHREAD_T} %tid, ptr null)",
+        f"  %jt = getelementptr inbounds {abi.pthread_t}, ptr %tids, i64 %j",
+        f"  %tid = load {abi.pthread_t}, ptr %jt",
+        f"  %jr = call i32 @pthread_join({abi.pthread_t} %tid, ptr null)",
         "  br label %join.next",
         "join.next:",
         "  %j1 = add nuw nsw i64 %j, 1",
@@ -402,3 +477,35 @@ def builtin(address: int, name: str) -> tuple[Callable[..., None], _PyMethodDef]
     new.argtypes = [ctypes.POINTER(_PyMethodDef), ctypes.py_object, ctypes.py_object]
     method = _PyMethodDef(name.encode(), address, _METH_FASTCALL, None)
     return new(ctypes.byref(method), None, None), method
+
+
+def module_functions(kernel: CpuKernel, *, fast: bool = True,
+                     checked: bool = True) -> list[str]:
+    """The functions :func:`module_ir` defines for ``kernel`` that callers look up."""
+    names = [kernel.entry] + ([PAR_ENTRY] if kernel.parallel else [])
+    if fast:
+        names += [PY_ENTRY] + ([CHECKED_ENTRY] if checked else []) \
+            + ([PY_PAR_ENTRY] if kernel.parallel else [])
+    return names
+
+
+def module_ir(kernel: CpuKernel, layout: Abi = NATIVE, *, fast: bool = True,
+              checked: bool = True) -> str:
+    """The module compiled for ``kernel``: its IR, its parallel dispatcher (if it has a
+    parallel form) and, with ``fast``, the Python-call wrappers (the checked one with
+    ``checked``), laid out for ``layout``. Objects compiled ahead of time have them all:
+    the host loading one picks what it can use."""
+    n_args = len(kernel.inputs) + len(kernel.outputs)
+    parts = [kernel.ir]
+    if kernel.parallel:
+        parts.append(parallel_ir(kernel, n_args, layout))
+    if fast:
+        parts += [py_decls(layout),
+                  pycall_ir(PY_ENTRY, kernel.entry, n_args, False, layout)]
+        if checked:
+            parts.append(checked_pycall_ir(CHECKED_ENTRY, kernel.entry,
+                                           (*kernel.inputs, *kernel.outputs),
+                                           len(kernel.inputs), layout))
+        if kernel.parallel:
+            parts.append(pycall_ir(PY_PAR_ENTRY, PAR_ENTRY, n_args, True, layout))
+    return "\n".join(parts)

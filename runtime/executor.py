@@ -69,8 +69,12 @@ class Model:
         """The placement of every node with its reason."""
         return self.compiled.summary()
 
-    def save(self, path: str | Path) -> Path:
-        """Write the compiled model file (``.tsr``)."""
+    def save(self, path: str | Path, cpu_targets: Sequence[str] = ("host", "board")) -> Path:
+        """Write the compiled model file (``.tsr``) with its CPU kernels compiled ahead of
+        time for ``cpu_targets`` (:func:`tessera.runtime.aot.prebuild`; ``()``: none), so
+        that its first run on those CPUs compiles nothing."""
+        from .aot import prebuild
+        prebuild(self.compiled, cpu_targets)
         return self.compiled.save(path)
 
     @classmethod

@@ -106,7 +106,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     with contextlib.closing(_StageProgress(f"compiling {Path(args.model).name}")) as bar:
         objects = prebuild(model.compiled, args.cpu_targets or ("host", "board"), bar)
     out = Path(args.output or Path(args.model).with_suffix(".tsr"))
-    model.save(out)
+    model.save(out, cpu_targets=())       # prebuilt above, as --cpu-targets asked
     c = model.compiled
     print(model.summary())
     print(f"\n{len(c.placements)} nodes: {c.stats['nodes']['accelerator']} on the accelerator "
