@@ -1,14 +1,17 @@
 """Benchmark the llvmlite CPU fallback kernels against numpy on the same data.
 
-    python benchmarks/cpu_kernels.py [--repeats 7] [--filter softmax] [--markdown]
+    python benchmarks/cpu_kernels.py [--repeats 9] [--filter softmax] [--markdown]
                                      [--no-fail] [--user-cache]
 
 Cases come from ``cpu_cases_math.py`` (elementwise, reductions, softmax, layer norm)
 and ``cpu_cases_data.py`` (layout, pooling, resize, conv), each a list of
 ``cpu_case.Case``. For every case the kernel's result is first checked against numpy's
-(allclose for floats, exact for integers), then both are timed in the same process,
-interleaved, best of ``--repeats`` blocks of calls (each block long enough to be
-measurable); the JIT compile happens in the case's setup and is reported separately.
+(allclose for floats, exact for integers), then both are timed in the same process in
+``--repeats`` rounds, each a block of numpy calls then a block of kernel calls (each
+block long enough to be measurable): the times shown are the rounds' medians, the ratio
+the median of the rounds' numpy / kernel ratios (the two blocks of a round run back to
+back, so a change of load on the shared host hits both alike). The JIT compile happens
+in the case's setup and is reported separately.
 By default kernels compile into a fresh temporary cache so the compile times are real;
 ``--user-cache`` uses the normal one.
 
@@ -30,6 +33,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from statistics import median
 from typing import Callable
 
 import numpy as np
@@ -47,16 +51,10 @@ class Row:
     kernel_us: float = float("nan")
     compile_ms: float = float("nan")
     serial_us: float = float("nan")     # the kernel forced onto one thread
+    ratio: float = float("nan")         # median over rounds of numpy / kernel
+    serial_ratio: float = float("nan")
     threads: int = 1
     error: str = ""
-
-    @property
-    def ratio(self) -> float:
-        return self.numpy_us / self.kernel_us
-
-    @property
-    def serial_ratio(self) -> float:
-        return self.numpy_us / self.serial_us
 
     @property
     def ok(self) -> bool:
@@ -140,12 +138,15 @@ def run_case(case: Case, repeats: int) -> Row:
         serial_fn = kernel_fn.serial() if row.threads > 1 else None
         fns = [numpy_fn, kernel_fn] + ([serial_fn] if serial_fn else [])
         calls = [_calls_per_block(fn) for fn in fns]
-        best = [float("inf")] * len(fns)
+        times: list[list[float]] = [[] for _ in fns]
         for _ in range(repeats):   # interleaved, so background load hits all alike
             for k, (fn, n) in enumerate(zip(fns, calls)):
-                best[k] = min(best[k], _block_us(fn, n))
-    row.numpy_us, row.kernel_us = best[0], best[1]
-    row.serial_us = best[2] if serial_fn else best[1]
+                times[k].append(_block_us(fn, n))
+    serial = times[2] if serial_fn else times[1]
+    row.numpy_us, row.kernel_us, row.serial_us = (median(t) for t in (times[0], times[1],
+                                                                       serial))
+    row.ratio = median(a / b for a, b in zip(times[0], times[1]))
+    row.serial_ratio = median(a / b for a, b in zip(times[0], serial))
     return row
 
 
@@ -231,7 +232,8 @@ def format_markdown(rows: list[Row]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--repeats", type=int, default=7, help="timed blocks per side (best of)")
+    ap.add_argument("--repeats", type=int, default=9,
+                    help="timed rounds (medians are reported)")
     ap.add_argument("--filter", help="only cases whose 'op shape dtype' contains this")
     ap.add_argument("--markdown", action="store_true", help="also print a markdown table")
     ap.add_argument("--no-fail", action="store_true", help="exit 0 even if targets are missed")

@@ -5,16 +5,20 @@ Both normalise the spatial dimensions to three (``D, H, W``; a 1-D conv has ``D 
 1``) and run per image and output channel:
 
 * :func:`build_conv_float`: each image is copied once into a zero-padded scratch
-  buffer, so no tap needs a bounds check; then ``out[m] = bias[m] + sum_c sum_taps
-  w[m, c, tap] * xpad[c, o * stride + tap * dilation]``, the taps of one weight
-  accumulated over a whole output plane whose innermost loop (along W) LLVM vectorises
-  when the stride is 1.
+  buffer, so no tap needs a bounds check. With 4 or more output channels per group
+  (and enough work) the convolution is then an implicit-im2col GEMM per image and group,
+  ``out[m, p] = sum_k w[m, k] * xpad[k's channel, p's window + k's tap]``, on
+  :func:`.packed_gemm.emit_packed_gemm`, whose packed panels are gathered straight from the
+  padded image (the im2col matrix is never stored whole). Otherwise (depthwise) ``out[m]
+  = bias[m] + sum_c sum_taps w[m, c, tap] * xpad[c, o * stride + tap * dilation]``, the
+  taps of one weight accumulated over a whole output plane whose innermost loop (along
+  W) LLVM vectorises when the stride is 1.
 * :func:`build_conv_transpose_float`: the scatter form, ``buf[i * stride + tap *
   dilation] += x[c, i] * w[c, m, tap]`` into a scratch buffer as large as the
   uncropped output, then the output is ``bias[m] + buf`` cropped by the begin pads.
 
-Sums are added tap by tap, not in onnxruntime's im2col + SGEMM order, so results differ
-from it in the last bits.
+Sums are not added in onnxruntime's im2col + SGEMM order, so results differ from it in
+the last bits.
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ from tessera.errors import CpuKernelError
 from . import irutil as U
 from .kernel import CpuKernel, TensorSpec, kernel_function, new_module
 from .layout_ops import Scratch
+from .packed_gemm import PACKED_MIN_MACS, Pack, PackedGemm, emit_packed_gemm
 
 __all__ = ["build_conv_float", "build_conv_transpose_float", "conv_geometry",
            "conv_transpose_geometry", "conv_transpose_pads"]
@@ -122,10 +127,86 @@ def build_conv_float(x: TensorSpec, w: TensorSpec, bias: TensorSpec | None = Non
     inputs = (x, w) if bias is None else (x, w, bias)
     module = new_module(name)
     fn, b = kernel_function(module, "entry", inputs, (out,))
-    if out.size:
+    if out.size and _as_gemm(geo):
+        _emit_conv_gemm(b, geo, fn.args, bias is not None)
+    elif out.size:
         _emit_conv(b, geo, fn.args, geo.work, bias is not None)
     b.ret_void()
     return CpuKernel(name, str(module), "entry", inputs, (out,))
+
+
+#: Output channels per group from which a convolution runs as a packed GEMM (below,
+#: depthwise ones, packing its inputs costs as much as the loop nest's whole work).
+_GEMM_MIN_CHANNELS = 4
+
+
+def _as_gemm(geo: _Geometry) -> bool:
+    macs = geo.mg * geo.cg * geo.taps * prod(geo.out)
+    return geo.mg >= _GEMM_MIN_CHANNELS and macs >= PACKED_MIN_MACS
+
+
+def _emit_conv_gemm(b: ir.IRBuilder, geo: _Geometry, args, has_bias: bool) -> None:
+    """Per image and group ``out[m, p] = sum_k w[m, k] * col[k, p]`` (``k = c *
+    taps + tap``, ``p`` the output pixel): a :class:`.packed_gemm.PackedGemm` whose packed
+    panels are gathered from the zero-padded image (implicit im2col, never stored
+    whole); then the bias."""
+    x, w, out = args[0], args[1], args[-1]
+    scratch = Scratch(b)
+    pplane, oplane = prod(geo.work), prod(geo.out)
+    depth = geo.cg * geo.taps
+    g = PackedGemm(geo.mg, oplane, depth, (depth, 1), (oplane, 1))
+    xp = scratch.alloc(U.F32, geo.c * pplane, name="xpad")
+    U.fill(b, xp, geo.c * pplane, U.f32(0.0))
+    panel = scratch.alloc(U.F32, g.panel_floats, name="panel")
+    starts = scratch.alloc(U.I64, g.panel, name="starts")
+    with U.for_range(b, geo.n, name="img") as n:
+        _copy_padded(b, x, b.mul(n, U.i64(geo.c * prod(geo.size))), xp, geo, geo.work)
+        with U.for_range(b, geo.group, name="grp") as gi:
+            wg = U.element_ptr(b, w, b.mul(gi, U.i64(geo.mg * depth)))
+            obase = b.mul(b.add(b.mul(n, U.i64(geo.m)), b.mul(gi, U.i64(geo.mg))),
+                          U.i64(oplane))
+            pack = _im2col_pack(geo, xp, b.mul(gi, U.i64(geo.cg * pplane)), starts, g.panel)
+            emit_packed_gemm(b, g, wg, pack, U.element_ptr(b, out, obase), panel)
+    if has_bias:
+        with U.for_range(b, geo.n * geo.m, name="bc") as nm:
+            bias = U.load(b, args[2], b.urem(nm, U.i64(geo.m)))
+            with U.for_range(b, oplane, name="bp") as i:
+                o = b.add(b.mul(nm, U.i64(oplane)), i)
+                U.store(b, b.fadd(U.load(b, out, o), bias), out, o)
+    scratch.release()
+
+
+def _im2col_pack(geo: _Geometry, xp: ir.Value, cbase: ir.Value, starts: ir.Value,
+                 width: int) -> Pack:
+    """The panel packer of :func:`_emit_conv_gemm`: ``panel[k * width + jj] =
+    xpad[cbase + c * plane + tap offset + start(p)]`` with ``start(p)`` the offset of
+    output pixel ``p``'s window (computed once per panel into ``starts``)."""
+    pstr = U.c_strides(geo.work)
+    step = [s * p for s, p in zip(geo.strides, pstr)]
+    tap_step = [d * p for d, p in zip(geo.dilations, pstr)]
+    ostr = U.c_strides(geo.out)
+
+    def pack(b: ir.IRBuilder, panel: ir.Value, j0: ir.Value, cols: int, k0: ir.Value,
+             depth: int) -> None:
+        with U.for_range(b, cols, name="ps") as jj:
+            pix = b.add(j0, jj)
+            o = [b.urem(b.udiv(pix, U.i64(st)), U.i64(d)) for st, d in zip(ostr, geo.out)]
+            U.store(b, _dot(b, o, step), starts, jj)
+        with U.for_range(b, depth, name="pk") as kk:
+            k = b.add(k0, kk)
+            c = b.udiv(k, U.i64(geo.taps))
+            tap = [b.urem(b.udiv(k, U.i64(st)), U.i64(d))
+                   for st, d in zip(U.c_strides(geo.kernel), geo.kernel)]
+            src = b.add(b.add(cbase, b.mul(c, U.i64(prod(geo.work)))),
+                        _dot(b, tap, tap_step))
+            row = b.mul(kk, U.i64(width))
+            with U.for_range(b, cols, name="pj") as jj:
+                v = U.load(b, xp, b.add(src, U.load(b, starts, jj)))
+                U.store(b, v, panel, b.add(row, jj))
+            if cols < width:
+                with U.for_range(b, width, start=cols, name="pz") as jj:
+                    U.store(b, U.f32(0.0), panel, b.add(row, jj))
+    return pack
 
 
 def _emit_conv(b: ir.IRBuilder, geo: _Geometry, args, padded: tuple[int, int, int],

@@ -458,7 +458,7 @@ _TYPED_OPS = {"add": U.add, "sub": U.sub, "mul": U.mul, "div": U.divide, "tdiv":
               "clip": U.clamp, "sign": U.sign}
 #: float32 ops, ``fn(builder, *operands)``.
 _FLOAT_OPS = {
-    "exp": U.exp_f32, "sigmoid": F.sigmoid_f32, "tanh": U.tanh_f32, "log": U.log_f32,
+    "exp": U.exp_f32, "sigmoid": F.sigmoid_f32, "tanh": F.tanh_f32, "log": U.log_f32,
     "log1p": F.log1p_f32, "erf": F.erf_f32, "sqrt": U.sqrt_f32, "pow": F.pow_f32,
     "round": U.round_half_even,
     "floor": lambda b, x: U.call_intrinsic(b, "llvm.floor", [x]),

@@ -510,25 +510,10 @@ def exp_f32(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
     return builder.select(builder.fcmp_unordered("uno", x, x), x, y)
 
 
-# Cephes tanhf odd polynomial for |x| < 0.625 (where 1 - 2/(e**2x + 1) would cancel).
+# Cephes tanhf odd polynomial for |x| < 0.625 (where 1 - 2/(e**2x + 1) would cancel);
+# fmath.tanh_f32 uses it.
 _TANH_POLY = (-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2,
               1.33314422036e-1, -3.33332819422e-1)
-
-
-def tanh_f32(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    """tanh in float32, vectorisable, within a few ulp: an odd polynomial near 0,
-    ``sign(x) * (1 - 2 / (e**(2|x|) + 1))`` elsewhere (both computed, then selected,
-    so the loop stays branch-free). NaN stays NaN."""
-    ax = call_intrinsic(builder, "llvm.fabs", [x])
-    z = builder.fmul(x, x)
-    p = f32(_TANH_POLY[0])
-    for c in _TANH_POLY[1:]:
-        p = _fma(builder, p, z, f32(c))
-    small = _fma(builder, builder.fmul(p, z), x, x)
-    e = exp_f32(builder, builder.fmul(ax, f32(2.0)))
-    big = builder.fsub(f32(1.0), builder.fdiv(f32(2.0), builder.fadd(e, f32(1.0))))
-    big = call_intrinsic(builder, "llvm.copysign", [big, x])
-    return builder.select(builder.fcmp_ordered("<", ax, f32(0.625)), small, big)
 
 
 # Cephes logf: log(1 + m) - m + m**2/2 = m**3 * P(m) for m in [sqrt(1/2) - 1, sqrt(2) - 1].
