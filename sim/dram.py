@@ -61,6 +61,12 @@ class DramSystem:
     def _allocate(self) -> None:
         """Max-min fair rates by progressive filling under the port and DDR limits."""
         bus, ddr = float(self.config.bus_bytes), float(self.config.ddr_bytes_per_cycle)
+        if len(self._flows) == 1:
+            # Alone, one filling step: the same rate as the loop below, computed directly.
+            f = self._flows[0]
+            f.rate = 0.0 + min(f.max_rate, bus, ddr)
+            self.contended |= f.max_rate - f.rate > _EPS
+            return
         for f in self._flows:
             f.rate = 0.0
         active = list(self._flows)
@@ -96,7 +102,7 @@ class DramSystem:
         gen = self._generation
         end = min(self.kernel.now + f.remaining / f.rate for f in self._flows)
         wake = max(self.kernel.now, math.ceil(end - 1e-6))
-        self.kernel.at(wake, lambda _: self._wake(gen))
+        self.kernel.at(wake, self._wake, gen)
 
     def _wake(self, generation: int) -> None:
         if generation != self._generation:

@@ -1,16 +1,17 @@
 """A minimal discrete-event kernel: integer-cycle time, generator processes.
 
 Processes are generators that yield :class:`Event` objects and resume when
-they trigger; time jumps from one scheduled event to the next, so idle
-stretches cost nothing.
+they trigger, or yield a number of cycles to sleep; time jumps from one scheduled event to the next, so
+idle stretches cost nothing.
 """
 from __future__ import annotations
 
 import heapq
 from collections import deque
-from typing import Any, Callable, Generator, Iterator
+from typing import Any, Callable, Generator
 
-ProcessGen = Generator["Event", Any, Any]
+ProcessGen = Generator["Event | int", Any, Any]
+_heappush = heapq.heappush
 
 
 class Event:
@@ -29,58 +30,76 @@ class Event:
             raise RuntimeError("event triggered twice")
         self.triggered = True
         self.value = value
-        for cb in self.callbacks:
-            self.kernel.at(self.kernel.now, cb, value)
-        self.callbacks.clear()
+        if self.callbacks:
+            current = self.kernel._current      # Kernel.at for this cycle, inlined
+            for cb in self.callbacks:
+                current.append((cb, value))
+            self.callbacks.clear()
         return self
 
     def on(self, cb: Callable[[Any], None]) -> None:
         if self.triggered:
-            self.kernel.at(self.kernel.now, cb, self.value)
+            self.kernel._current.append((cb, self.value))
         else:
             self.callbacks.append(cb)
 
 
 class Kernel:
-    """The event loop: a heap of ``(time, sequence, callback, argument)``."""
+    """The event loop: callbacks run in the order of ``(time, order of scheduling)``.
+
+    Callbacks for a later cycle wait in a heap of ``(time, sequence, callback,
+    argument)``. One scheduled for the current cycle (a triggered event's waiters, most
+    of them) goes to a FIFO instead: it comes after every heap entry for this cycle,
+    which were all scheduled in earlier cycles, and after the FIFO's earlier entries,
+    the same order the heap would give, without its cost.
+    """
 
     def __init__(self) -> None:
         self.now = 0
         self._heap: list[tuple[int, int, Callable[[Any], None], Any]] = []
         self._seq = 0
+        self._current: deque[tuple[Callable[[Any], None], Any]] = deque()
 
     def at(self, time: int, fn: Callable[[Any], None], arg: Any = None) -> None:
+        if time == self.now:
+            self._current.append((fn, arg))
+            return
         if time < self.now:
             raise RuntimeError(f"scheduling in the past ({time} < {self.now})")
-        self._seq += 1
-        heapq.heappush(self._heap, (time, self._seq, fn, arg))
+        self._seq = seq = self._seq + 1
+        _heappush(self._heap, (time, seq, fn, arg))
 
-    def timeout(self, delay: int) -> Event:
-        ev = Event(self)
-        self.at(self.now + int(delay), lambda _: ev.succeed())
-        return ev
-
-    def process(self, gen: ProcessGen) -> Event:
-        """Start ``gen``; the returned event triggers with its return value."""
-        done = Event(self)
-
+    def process(self, gen: ProcessGen) -> None:
+        """Start ``gen`` (in this cycle, after what is already scheduled for it)."""
         def step(value: Any) -> None:
             try:
                 ev = gen.send(value)
-            except StopIteration as stop:
-                done.succeed(stop.value)
+            except StopIteration:
                 return
-            ev.on(step)
+            if ev.__class__ is not Event:
+                # A sleep of ``ev`` cycles: resumed the way an event's waiter is, queued
+                # behind the callbacks already due when the time comes.
+                self.at(self.now + int(ev), self._current.append, (step, None))
+            else:
+                ev.on(step)
 
-        self.at(self.now, step)
-        return done
+        self._current.append((step, None))
 
     def run(self, stop: Event | None = None) -> None:
         """Run until nothing is scheduled (or ``stop`` has triggered)."""
-        heap = self._heap
-        while heap and not (stop is not None and stop.triggered):
-            time, _, fn, arg = heapq.heappop(heap)
-            self.now = time
+        heap, pop, current = self._heap, heapq.heappop, self._current
+        if stop is None:
+            stop = Event(self)          # never triggers
+        while not stop.triggered:
+            if heap and heap[0][0] == self.now:
+                fn, arg = pop(heap)[2:]
+            elif current:
+                fn, arg = current.popleft()
+            elif heap:
+                time, _, fn, arg = pop(heap)
+                self.now = time
+            else:
+                return
             fn(arg)
 
 
@@ -96,7 +115,10 @@ class _Waitable:
         self._waiters.append(ev)
         return ev
 
-    def _notify(self) -> None:
+    def _notify(self, _: Any = None) -> None:
+        """Wake every waiter (also a kernel callback: its argument is ignored)."""
+        if not self._waiters:
+            return
         waiters, self._waiters = self._waiters, []
         for ev in waiters:
             ev.succeed()
@@ -134,7 +156,7 @@ class BoundedQueue(_Waitable):
         self.items.append((self.kernel.now + self.latency, item))
         self._notify()
         if self.latency:
-            self.kernel.at(self.kernel.now + self.latency, lambda _: self._notify())
+            self.kernel.at(self.kernel.now + self.latency, self._notify)
 
     def get(self) -> Any:
         _, item = self.items.popleft()
@@ -143,14 +165,6 @@ class BoundedQueue(_Waitable):
             self._gets_cycle, self._gets_now = now, 0
         self._gets_now += 1
         self._notify()
-        self.kernel.at(now + 1, lambda _: self._notify())
+        self.kernel.at(now + 1, self._notify)
         return item
 
-    def wait_ready(self) -> Iterator[Event]:
-        """Yield until the head entry is visible."""
-        while not self.ready():
-            yield self.changed()
-
-    def wait_space(self) -> Iterator[Event]:
-        while self.full:
-            yield self.changed()

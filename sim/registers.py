@@ -26,10 +26,11 @@ import numpy as np
 
 from tessera.config import HwConfig
 from tessera.errors import ProgramError
-from tessera.isa import INSN_BYTES, Program, Segment, get_isa
+from tessera.isa import INSN_BYTES, Instruction, Program, Segment
 from tessera.regmap import (CONTROL_START, REG, STATUS_DONE, STATUS_ERROR, STATUS_RUNNING,
                             VERSION, ErrorCode, config_id)
 
+from .facts import program_facts
 from .simulator import SimResult, Simulator
 
 __all__ = ["SimRegisters"]
@@ -114,8 +115,7 @@ class SimRegisters:
 
     def _run(self) -> None:
         try:
-            program = self._program()
-            result = self._simulator.run(program)
+            result = self._simulator.run(self._program())
         except Exception as exc:  # noqa: BLE001 - a driver reads it back through the registers
             self._fail(exc)
             return
@@ -125,16 +125,19 @@ class SimRegisters:
         self._cycles = result.stats.cycles
         self._status = STATUS_DONE
 
-    def _program(self) -> Program:
-        """The stream at INSN_ADDR over one segment that is the whole (used) memory."""
+    def _program(self) -> "DecodedProgram":
+        """The stream at INSN_ADDR over one segment that is the whole (used) memory (decoded
+        and checked once while it stays the same, :func:`~.facts.program_facts`)."""
         start, n = self._insn_addr, self._insn_count * INSN_BYTES
         if start + n > self.memory.size:
             raise ProgramError(f"the instruction stream [{start:#x}, {start + n:#x}) runs past "
                                f"the end of memory ({self.memory.size:#x} bytes)",
                                code=ErrorCode.AXI_RESPONSE)
-        insns = get_isa(self.config).decode_program(self.memory[start:start + n].tobytes())
+        stream = self.memory[start:start + n].tobytes()
+        insns = [f.insn for f in program_facts(self.config, stream)]
         extent = min(self.extent, self.memory.size)
-        return Program(self.config, insns, [Segment("memory", 0, self.memory[:extent])])
+        return DecodedProgram(self.config, stream, insns,
+                              [Segment("memory", 0, self.memory[:extent])])
 
     def _fail(self, exc: Exception) -> None:
         code = getattr(exc, "code", None)
@@ -143,3 +146,16 @@ class SimRegisters:
         self._error_code = ErrorCode(code) if code is not None else ErrorCode.SIMULATOR
         self._error_index = index if index is not None else 0
         self._status = STATUS_DONE | STATUS_ERROR
+
+
+class DecodedProgram(Program):
+    """A program decoded from the instruction stream in memory, which it keeps: encoding
+    its instructions gives the stream back without encoding them again."""
+
+    def __init__(self, config: HwConfig, stream: bytes, instructions: list[Instruction],
+                 segments: list[Segment]) -> None:
+        super().__init__(config, instructions, segments)
+        self.stream = stream
+
+    def encode_instructions(self) -> bytes:
+        return self.stream

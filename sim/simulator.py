@@ -17,27 +17,31 @@ import numpy as np
 from tessera import timing
 from tessera.config import MODULES, HwConfig
 from tessera.errors import DeadlockError, HazardError, MissingFinishError, ProgramError
-from tessera.isa import (INSN_BYTES, Alu, Finish, Gemm, Instruction, Load, Program, Store,
-                         check_instruction, get_isa, module_of)
+from tessera.isa import INSN_BYTES, Alu, Gemm, Load, Program
 
 from .datapath import Datapath
 from .dram import DramSystem
+from .facts import InsnFacts, check_program, program_facts
 from .kernel import BoundedQueue, Event, Kernel
 from .stats import ModuleStats, SimStats, TraceEvent, write_chrome_trace
-
-#: Each module's previous and next module (the token-queue neighbours).
-NEIGHBOURS = {"load": (None, "compute"), "compute": ("load", "store"), "store": ("compute", None)}
 
 
 @dataclass
 class _Running:
     """An instruction between its start and its last push."""
 
-    index: int
-    insn: Instruction
+    facts: InsnFacts
     pushes: list[BoundedQueue]
     done: Event
     banks: frozenset[int] = frozenset()
+
+    @property
+    def index(self) -> int:
+        return self.facts.index
+
+    @property
+    def insn(self):
+        return self.facts.insn
 
 
 @dataclass
@@ -79,14 +83,17 @@ class Simulator:
         return run.kernel.now if run is not None else self._last_cycles
 
     def run(self, program: Program) -> SimResult:
-        """Run ``program`` to FINISH; raises a :class:`tessera.errors.ProgramError` on bad programs."""
+        """Run ``program`` to FINISH; raises a :class:`tessera.errors.ProgramError` on bad
+        programs. The checks and timing of an instruction stream run lately are not
+        derived again (:func:`~.facts.program_facts`)."""
         if program.config != self.config:
             raise ProgramError(f"the program was built for config {program.config.name!r}, "
                                f"this simulator runs {self.config.name!r}: rebuild it or use "
                                "tessera.sim.simulate(program)")
-        stream = validate_program(program)
+        stream = program.encode_instructions()
+        facts = program_facts(self.config, stream, program.instructions)
         self._last_cycles = 0
-        self._current = _Run(self.config, program, self.record_trace, stream)
+        self._current = _Run(self.config, program, self.record_trace, stream, facts)
         try:
             return self._current.execute()
         finally:
@@ -104,21 +111,24 @@ def validate_program(program: Program) -> bytes:
     """Static checks before a run: field ranges, semantic rules, a FINISH. Returns the
     encoded instruction stream (encoding is the field-range check)."""
     stream = program.encode_instructions()
-    for index, insn in enumerate(program.instructions):
-        check_instruction(insn, program.config, index)
-    if not any(isinstance(i, Finish) for i in program.instructions):
-        raise MissingFinishError(f"the program has no FINISH instruction "
-                                 f"({len(program.instructions)} instructions); end it with FINISH")
+    check_program(program.config, program.instructions)
     return stream
+
+
+def _describe(state: str | tuple) -> str:
+    """A module's state for a deadlock report: text, or a format and its arguments (kept
+    apart while running: most states are never shown)."""
+    return state if isinstance(state, str) else state[0].format(*state[1:])
 
 
 class _Run:
     """The state of one simulation run."""
 
     def __init__(self, config: HwConfig, program: Program, record_trace: bool,
-                 stream: bytes) -> None:
+                 stream: bytes, facts: tuple[InsnFacts, ...]) -> None:
         self.config = config
         self.program = program
+        self.facts = facts
         self.kernel = Kernel()
         self.dram = DramSystem(self.kernel, config)
         self.data = Datapath(config, program, stream)
@@ -131,7 +141,7 @@ class _Run:
                        for a, b in (("load", "compute"), ("compute", "load"),
                                     ("compute", "store"), ("store", "compute"))}
         self.state = {m: "not started" for m in MODULES}
-        self.running: dict[str, dict[int, Instruction]] = {m: {} for m in MODULES}
+        self.running: dict[str, dict[int, InsnFacts]] = {m: {} for m in MODULES}
         self._busy_until: dict[str, int] = {}
         self.finished = Event(self.kernel)
 
@@ -155,11 +165,11 @@ class _Run:
     def _deadlock_report(self) -> str:
         lines = [f"deadlock at cycle {self.kernel.now}: every module waits"]
         for m in MODULES:
-            lines.append(f"  {m}: {self.state[m]}")
+            lines.append(f"  {m}: {_describe(self.state[m])}")
         lines.append("  token queues: " + ", ".join(f"{k} {len(q)}/{q.capacity}"
                                                     for k, q in self.tokens.items()))
         lines.append("  command queues: " + ", ".join(
-            f"{m} {len(q)}/{q.capacity}" + (f" (next: instruction {q.items[0][1][0]})" if len(q) else "")
+            f"{m} {len(q)}/{q.capacity}" + (f" (next: instruction {q.items[0][1].index})" if len(q) else "")
             for m, q in self.cmd.items()))
         lines.append("check that every pop has a matching push in the other module")
         return "\n".join(lines)
@@ -179,9 +189,9 @@ class _Run:
                 index=index, where="FINISH")
 
     # ------------------------------------------------------------- fetch
-    def _fetch(self) -> Iterator[Event]:
+    def _fetch(self) -> Iterator[Event | int]:
         k, cfg, st = self.kernel, self.config, self.stats.modules["fetch"]
-        insns = self.program.instructions
+        insns = self.facts
         chunk = timing.fetch_chunk_insns(cfg)
         port = cfg.port_of("fetch")
         for base in range(0, len(insns), chunk):
@@ -189,33 +199,26 @@ class _Run:
             beats = timing.fetch_chunk_beats(cfg, n)
             self.state["fetch"] = f"reading instructions {base}..{base + n - 1}"
             t0 = k.now
-            yield k.timeout(cfg.dram_latency)
+            yield cfg.dram_latency
             yield self.dram.transfer(port, beats, beats * cfg.bus_bytes)
             st.busy += beats
             st.wait_dram += k.now - t0 - beats
             self.stats.dram_read_bytes["insn"] = self.stats.dram_read_bytes.get("insn", 0) + n * INSN_BYTES
             for index in range(base, base + n):
-                q = self.cmd[module_of(insns[index])]
+                q = self.cmd[insns[index].module]
                 t0 = k.now
-                self.state["fetch"] = f"dispatching instruction {index}: {q.name} is full"
-                yield from q.wait_space()
+                self.state["fetch"] = ("dispatching instruction {}: {} is full", index, q.name)
+                while q.full:
+                    yield q.changed()
                 st.wait_queue += k.now - t0
-                q.put((index, insns[index]))
+                q.put(insns[index])
                 st.instructions += 1
-                yield k.timeout(timing.FETCH_DISPATCH_CYCLES)
+                yield timing.FETCH_DISPATCH_CYCLES
                 st.busy += timing.FETCH_DISPATCH_CYCLES
         self.state["fetch"] = "done"
 
     # ----------------------------------------------------------- modules
-    def _token_queues(self, module: str, insn: Instruction) -> tuple[list[BoundedQueue], list[BoundedQueue]]:
-        prev, nxt = NEIGHBOURS[module]
-        pops = [self.tokens[f"{prev}->{module}"]] if insn.pop_prev else []
-        pops += [self.tokens[f"{nxt}->{module}"]] if insn.pop_next else []
-        pushes = [self.tokens[f"{module}->{prev}"]] if insn.push_prev else []
-        pushes += [self.tokens[f"{module}->{nxt}"]] if insn.push_next else []
-        return pops, pushes
-
-    def _module(self, module: str) -> Iterator[Event]:
+    def _module(self, module: str) -> Iterator[Event | int]:
         """Issue ``module``'s commands in order, at most one per cycle.
 
         Load and store run one instruction at a time. Compute has two units
@@ -228,43 +231,47 @@ class _Run:
         last_start = -1
         while True:
             self.state[module] = "waiting for a command"
-            yield from q.wait_ready()
-            index, insn = q.items[0][1]   # the command leaves the queue when it starts
-            awaited, taken = (timing.units_awaited(insn), timing.units_taken(insn)) \
-                if module == "compute" else (("main",), ("main",))
-            for unit in awaited:
+            while not q.ready():
+                yield q.changed()
+            facts = q.items[0][1]   # the command leaves the queue when it starts
+            index, insn, taken = facts.index, facts.insn, facts.taken
+            for unit in facts.awaited:
                 while unit in running:
                     other = running[unit]
-                    self.state[module] = (f"instruction {index} ({insn.label}) waits for "
-                                          f"instruction {other.index} on the {unit} unit")
+                    self.state[module] = ("instruction {0.index} ({0.insn.label}) waits for "
+                                          "instruction {1.index} on the {2} unit", facts,
+                                          other, unit)
                     yield other.done
-            pops, pushes = self._token_queues(module, insn)
+            pops = [self.tokens[name] for name in facts.pops]
+            pushes = [self.tokens[name] for name in facts.pushes]
             t0 = k.now
             while not all(tq.ready() for tq in pops):
                 waiting = next(tq for tq in pops if not tq.ready())
-                self.state[module] = (f"instruction {index} ({insn.label}) waits for a token "
-                                      f"on the {waiting.name} (empty)")
+                self.state[module] = ("instruction {0.index} ({0.insn.label}) waits for a "
+                                      "token on the {1.name} (empty)", facts, waiting)
                 yield waiting.changed()
             st.wait_token += k.now - t0
             if k.now <= last_start:
-                yield k.timeout(last_start + 1 - k.now)
+                yield last_start + 1 - k.now
             q.get()
             for tq in pops:
                 tq.get()
             last_start = k.now
-            run = _Running(index, insn, pushes, Event(k))
+            run = _Running(facts, pushes, Event(k))
             banks = self._start(module, insn, index)
-            self._check_overlap(run, banks, [r for u, r in running.items() if u not in taken])
+            if running:
+                self._check_overlap(run, banks,
+                                    [r for u, r in running.items() if u not in taken])
             run.banks = banks
             for unit in taken:
                 running[unit] = run
-            self.running[module][index] = insn
+            self.running[module][index] = facts
             k.process(self._finish(module, run, st, running))
-            if isinstance(insn, Finish):
+            if facts.is_finish:
                 yield run.done
                 return
 
-    def _start(self, module: str, insn: Instruction, index: int) -> frozenset[int]:
+    def _start(self, module: str, insn, index: int) -> frozenset[int]:
         """Apply a compute instruction's data effect (at its start); its accumulator banks."""
         if isinstance(insn, Gemm):
             return self.data.gemm(insn, index)
@@ -288,62 +295,61 @@ class _Run:
                     index=run.index, where=run.insn.label)
 
     def _finish(self, module: str, run: "_Running", st: ModuleStats,
-                running: dict[str, "_Running"]) -> Iterator[Event]:
+                running: dict[str, "_Running"]) -> Iterator[Event | int]:
         """Execute ``run`` for its duration, push its tokens, free its units."""
         k = self.kernel
         start = k.now
-        insn, index = run.insn, run.index
-        self.state[module] = f"executing instruction {index} ({insn.label})"
-        if isinstance(insn, (Load, Store)):
-            yield from self._dma(module, insn, index, st)
+        facts = run.facts
+        insn, index = facts.insn, facts.index
+        self.state[module] = ("executing instruction {0.index} ({0.insn.label})", facts)
+        if facts.dma is not None:
+            yield from self._dma(module, facts, st)
         else:
-            cycles = (timing.gemm_cycles(insn) if isinstance(insn, Gemm) else
-                      timing.alu_cycles(insn) if isinstance(insn, Alu) else
-                      timing.finish_cycles())
-            unit = timing.compute_unit(insn)
+            cycles, unit = facts.cycles, facts.unit
             if unit:
                 self.stats.unit_busy[unit] = self.stats.unit_busy.get(unit, 0) + cycles
             # the module is busy while any of its units is
             st.busy += max(0, start + cycles - max(start, self._busy_until.get(module, 0)))
             self._busy_until[module] = max(self._busy_until.get(module, 0), start + cycles)
-            yield k.timeout(cycles)
+            yield cycles
         end = k.now
         for tq in run.pushes:
-            self.state[module] = (f"instruction {index} ({insn.label}) waits to push a token "
-                                  f"into the full {tq.name} ({len(tq)}/{tq.capacity})")
-            yield from tq.wait_space()
+            self.state[module] = ("instruction {0.index} ({0.insn.label}) waits to push a "
+                                  "token into the full {1.name} ({2}/{1.capacity})", facts, tq,
+                                  len(tq))
+            while tq.full:
+                yield tq.changed()
             tq.put(index)
         st.wait_queue += k.now - end
         st.instructions += 1
         del self.running[module][index]
-        for unit in [u for u, r in running.items() if r is run]:
-            del running[unit]
+        for unit in facts.taken:
+            if running.get(unit) is run:
+                del running[unit]
         if self.trace is not None:
-            unit = (timing.compute_unit(insn) or "") if module == "compute" else ""
-            self.trace.append(TraceEvent(module, insn.label, index, start, end, unit))
-        if isinstance(insn, Finish):
+            self.trace.append(TraceEvent(module, insn.label, index, start, end, facts.unit or ""))
+        if facts.is_finish:
             self.finished.succeed(index)
         run.done.succeed()
 
-    def _dma(self, module: str, insn: Load | Store, index: int, st: ModuleStats) -> Iterator[Event]:
-        k, cfg = self.kernel, self.config
+    def _dma(self, module: str, facts: InsnFacts, st: ModuleStats) -> Iterator[Event | int]:
+        k, cfg, insn, cost = self.kernel, self.config, facts.insn, facts.dma
         is_load = isinstance(insn, Load)
-        (self.data.load if is_load else self.data.store)(insn, index)
-        cost = timing.dma_cost(cfg, insn)
+        (self.data.load if is_load else self.data.store)(insn, facts.index)
         setup = timing.DMA_SETUP_CYCLES + cost.pad_cycles
-        yield k.timeout(setup)
+        yield setup
         st.busy += setup
         if not cost.data_cycles:
             return
-        nbytes = insn.y_size * insn.x_size * get_isa(cfg).elem_bytes(insn.mem)
+        nbytes = facts.dma_bytes
         book = self.stats.dram_read_bytes if is_load else self.stats.dram_write_bytes
         book[insn.mem.label] = book.get(insn.mem.label, 0) + nbytes
         t0 = k.now
         if is_load:
-            yield k.timeout(cfg.dram_latency)
+            yield cfg.dram_latency
         yield self.dram.transfer(cfg.port_of(module), cost.data_cycles, cost.beats * cfg.bus_bytes)
         if not is_load:
-            yield k.timeout(cfg.dram_latency)  # the write response
+            yield cfg.dram_latency  # the write response
         # Streaming at full rate is work; the latency and any contention slow-down are waiting.
         st.busy += cost.data_cycles
         st.wait_dram += k.now - t0 - cost.data_cycles
