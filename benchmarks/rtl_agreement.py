@@ -8,9 +8,13 @@ Three parts, each printing a table:
    ``pynq``: bit-exactness, cycles, and RTL simulation speed in cycles/s;
 3. compiled ResNet-18 layers (the compiler's double-buffered programs, GEMM
    and ALU units overlapped) on ``pynq``: bit-exactness and cycles;
-4. the differential fuzzer on ``tiny`` with many more programs than the test run.
+4. the differential fuzzer on ``tiny`` with many more programs than the test run;
+5. with ``--speed``: RTL simulation speed on ``pynq`` -- the time a fresh process takes to
+   open the cached model, and cycles/s on the GEMM and compiled layers (medians of
+   repeated runs, wall and CPU time; CPU time is the steadier figure on a shared machine).
 
 Usage: python benchmarks/rtl_agreement.py [--fuzz N] [--skip-suite] [--skip-gemm] [--layers C4,C7]
+       python benchmarks/rtl_agreement.py --speed [--repeat 5]   (the speed table only)
 The first run builds the Verilator models (minutes for pynq; cached afterwards).
 """
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -134,6 +139,68 @@ def layers_on(config_name: str, names: list[str]) -> bool:
     return ok
 
 
+def _open_seconds(config_name: str) -> float:
+    """Seconds a fresh Python process takes to open the (cached) model of ``config_name``."""
+    code = ("import time; t = time.perf_counter(); from tessera.config import PRESETS; "
+            "from tessera.hw.harness.rtlsim import RtlSim; "
+            f"m = RtlSim(PRESETS[{config_name!r}], dram_bytes=1 << 20); "
+            "assert not m.built, 'not cached'; print(time.perf_counter() - t)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         check=True)
+    return float(out.stdout.split()[-1])
+
+
+def _speed_programs(config, layers: list[str]) -> dict:
+    """The 256^3 GEMM and compiled ResNet-18 layers, by name."""
+    from benchmarks.resnet_layers import layer
+    from tessera.compiler import compile_ops
+
+    rng = np.random.default_rng(0)
+    a = rng.integers(-128, 128, (256, 256), dtype=np.int8)
+    b = rng.integers(-128, 128, (256, 256), dtype=np.int8)
+    programs = {"GEMM 256^3": gemm_program(config, a, b, epilogue=[("SHR", 8)], threads=2)}
+    for name in layers:
+        op, x = layer(name, rng)
+        programs[name] = compile_ops([op], {"x": x.shape}, config, threads=2).bind({"x": x})
+    return programs
+
+
+def speed_on(config_name: str, layers: list[str], repeat: int) -> bool:
+    """RTL cycles/s (medians of ``repeat`` runs of :func:`run_program`) and the cached
+    model's opening time, against the acceptance figures of issue 20."""
+    config = PRESETS[config_name]
+    print(f"\n== RTL simulation speed on {config_name!r} (medians of {repeat} runs) ==")
+    RtlSim(config, quiet=False, dram_bytes=1 << 20).close()     # build once if needed
+    opened = statistics.median(_open_seconds(config_name) for _ in range(3))
+    print(f"cached model opens in {opened:.2f} s in a fresh process (target < 2 s)")
+    programs = _speed_programs(config, layers)
+    size = max(p.dram_image().size for p in programs.values()) + (1 << 16)
+    ok = opened < 2.0
+    print(f"{'program':<12}{'sim cycles':>11}{'rtl cycles':>11}{'sim c/s':>12}{'rtl c/s':>10}"
+          f"{'rtl c/s cpu':>13}  agreement")
+    with RtlSim(config, dram_bytes=size, quiet=True) as model:
+        for name, program in programs.items():
+            t0 = time.perf_counter()
+            sim = simulate(program)
+            sim_rate = sim.stats.cycles / (time.perf_counter() - t0)
+            wall, cpu = [], []
+            for _ in range(repeat):
+                t0, c0 = time.perf_counter(), time.process_time()
+                rtl = run_program(program, model)
+                wall.append(rtl.sim_cycles / (time.perf_counter() - t0))
+                cpu.append(rtl.sim_cycles / max(time.process_time() - c0, 1e-9))
+            contended = sim.stats.dram_contended
+            good = (np.array_equal(rtl.dram, sim.dram) and rtl.error == 0
+                    and _agrees(sim.stats.cycles, rtl.cycles, contended))
+            ok &= bool(good)
+            verdict = ("DIFFERS" if not good else "exact" if rtl.cycles == sim.stats.cycles
+                       else f"{(rtl.cycles - sim.stats.cycles) / sim.stats.cycles:+.3%}, contended")
+            print(f"{name:<12}{sim.stats.cycles:>11}{rtl.cycles:>11}{sim_rate:>12,.0f}"
+                  f"{statistics.median(wall):>10,.0f}{statistics.median(cpu):>13,.0f}  {verdict}")
+    print("(acceptance: >= 500,000 RTL cycles/s on pynq, goal 1,000,000)")
+    return ok
+
+
 def fuzz_on(config_name: str, count: int) -> bool:
     from tests.fuzz_programs import random_program
 
@@ -170,7 +237,14 @@ def main() -> int:
     ap.add_argument("--skip-gemm", action="store_true")
     ap.add_argument("--layers", default="C4,C7,C10",
                     help="compiled ResNet-18 layers to compare ('' for none)")
+    ap.add_argument("--speed", action="store_true",
+                    help="only the RTL speed table (cached open time, cycles/s)")
+    ap.add_argument("--repeat", type=int, default=5, help="runs per program of --speed")
     args = ap.parse_args()
+    if args.speed:
+        ok = speed_on(args.config, [n for n in args.layers.split(",") if n], args.repeat)
+        print("\nspeed table done" if ok else "\nSPEED TABLE: a check failed, see above")
+        return 0 if ok else 1
     ok = True
     if not args.skip_suite:
         ok &= suite_on(args.config)

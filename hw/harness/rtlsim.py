@@ -1,10 +1,11 @@
 """The fast RTL simulation: the accelerator's Verilog compiled by Verilator.
 
 :class:`RtlSim` compiles ``tessera_top`` (from :func:`tessera.hw.synth.export.verilog`, or
-Verilog you pass) together with the C++ harness ``hw/harness/verilator/harness.cpp`` into
-a shared library (:mod:`.verilator_build`, which caches builds) and drives it through
-ctypes. The harness puts the DRAM model of
-docs/hardware.md ("DRAM model") behind every ``m_axi_p<k>`` master of
+Verilog you pass), behind a registered reset (:func:`.verilator_build.sim_top_source`: it
+keeps Verilator from re-evaluating every register's next value on each ``eval``), together
+with the C++ harness ``hw/harness/verilator/harness.cpp`` into a shared library
+(:mod:`.verilator_build`, which caches builds) and drives it through ctypes. The harness
+puts the DRAM model of docs/hardware.md ("DRAM model") behind every ``m_axi_p<k>`` master of
 :func:`tessera.regmap.axi_ports` and an AXI4-Lite master on ``s_axi_control``.
 
 :func:`run_program` runs a :class:`tessera.isa.Program` the way the board driver

@@ -8,10 +8,11 @@ declares those ports.
 
 Builds are cached under ``$TESSERA_CACHE/verilator/<key>`` (default
 ``~/.cache/tessera/verilator/<key>``), keyed by the Verilog, the harness source,
-the Verilator and compiler versions and the flags; a build runs in a private
+the Verilator and compiler versions and the flags (see :func:`_flags` for the measured
+choices); a build runs in a private
 temporary directory and is renamed into place, so concurrent processes are safe. An index
 (``index/<source key>``) maps what the Verilog export depends on to its build, so opening
-a cached model exports nothing (:func:`source_key`).
+a cached model exports nothing (:func:`source_key`, in :mod:`.verilator_sources`).
 """
 from __future__ import annotations
 
@@ -36,15 +37,16 @@ from tessera.config import HwConfig
 from tessera.errors import RtlSimError
 from tessera.regmap import AxiPort, axi_ports
 
+from .verilator_sources import SIM_TOP, TOP, digest, sim_top_source, source_key
+
 __all__ = ["HARNESS_ABI", "build_library", "cache_root", "check_verilog_ports",
-           "expected_ports", "harness_ports", "ports_source", "source_key"]
+           "expected_ports", "harness_ports", "ports_source", "sim_top_source", "source_key"]
 
 HARNESS_DIR = Path(__file__).resolve().parent / "verilator"
 HARNESS_SOURCE = HARNESS_DIR / "harness.cpp"
-TOP = "tessera_top"
 LIB_NAME = "libtessera_rtl.so"
 #: Bumped whenever the C API or the build recipe changes (part of the cache key).
-HARNESS_ABI = 2
+HARNESS_ABI = 3
 _HW_HINT = 'install the "hw" extra: pip install -e ".[hw]"'
 
 
@@ -234,13 +236,21 @@ def _trace_kind(trace: str | Path | None) -> str:
     return "fst" if str(trace).endswith(".fst") else "vcd"
 
 
-_BASE_CFLAGS = "-fPIC -fvisibility=hidden -O2 -std=c++20 -DVL_TIME_CONTEXT"
+_BASE_CFLAGS = "-fPIC -fvisibility=hidden -std=c++20 -DVL_TIME_CONTEXT"
 
 
 def _flags(trace_kind: str) -> tuple[list[str], str, str, list[str]]:
-    """(verilator options, CFLAGS, LDFLAGS, make variables)."""
-    vflags = ["--cc", "--exe", "--top-module", TOP, "-Wno-fatal", "-Wno-lint", "-Wno-style",
-              "--x-assign", "fast", "--x-initial", "fast", "--no-timing"]
+    """(verilator options, CFLAGS, LDFLAGS, make variables).
+
+    Measured on ``pynq`` (docs/benchmarks.md): the model's code at ``-O2``; ``-O3
+    -march=native`` and ``-Os`` run no faster. The code run once per model
+    (``*__Slow.cpp``, half the C++) unoptimised: the C++ compiles in 48 s instead of
+    120 s at ``-O2``, cycles/s unchanged. ``--threads 2`` ran ~100x slower on two busy
+    shared cores (its threads spin-wait). CFLAGS carry no ``-O``: they come after, and
+    would override, the make variables."""
+    vflags = ["--cc", "--exe", "--top-module", SIM_TOP, "--prefix", f"V{TOP}", "-Wno-fatal",
+              "-Wno-lint", "-Wno-style", "--x-assign", "fast", "--x-initial", "fast",
+              "--no-timing"]
     cflags = _BASE_CFLAGS
     if trace_kind == "vcd":
         vflags.append("--trace")
@@ -249,7 +259,7 @@ def _flags(trace_kind: str) -> tuple[list[str], str, str, list[str]]:
         vflags.append("--trace-fst")
         cflags += " -DTESSERA_TRACE=2"
     ldflags = "-shared -pthread -Wl,-Bsymbolic"
-    make_vars = ["OPT_FAST=-O2", "OPT_SLOW=-O1", "OPT_GLOBAL=-O1"]
+    make_vars = ["OPT_FAST=-O2", "OPT_SLOW=-O0", "OPT_GLOBAL=-O2"]
     return vflags, cflags, ldflags, make_vars
 
 
@@ -288,51 +298,6 @@ def _runtime_objects(obj: Path) -> tuple[list[str], list[str]]:
     return settings, names
 
 
-def _digest(data: object) -> str:
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:24]
-
-
-def _file_digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _hook_file(hook: object) -> Path | None:
-    """The source file of an ALU op's hardware hook (a ``"module:attribute"`` reference
-    or the object), without importing a referenced module."""
-    import importlib.util
-    import inspect
-    if hook is None:
-        return None
-    if isinstance(hook, str):
-        spec = importlib.util.find_spec(hook.split(":", 1)[0])
-        return Path(spec.origin) if spec is not None and spec.origin else None
-    source = inspect.getsourcefile(hook if inspect.isclass(hook) or inspect.isfunction(hook)
-                                   else type(hook))
-    return Path(source) if source else None
-
-
-def source_key(config: HwConfig) -> str:
-    """What the exported Verilog depends on, found without exporting it: the config, the
-    registered ALU ops and their hardware hooks' sources, every source of the hardware
-    (``tessera.hw``) and of the core it reads (``tessera``), and Amaranth's version."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    from tessera.isa import ALU_OPS
-    import tessera
-    hw_root = Path(__file__).resolve().parents[1]
-    core_root = Path(tessera.__file__).resolve().parent
-    files = sorted(hw_root.rglob("*.py")) + sorted(core_root.rglob("*.py"))
-    hooks = [(op.name, op.opcode, str(_hook_file(op.hardware) or "")) for op in ALU_OPS]
-    try:
-        amaranth = version("amaranth")
-    except PackageNotFoundError:
-        amaranth = ""
-    return _digest({"config": config.to_dict(), "amaranth": amaranth,
-                    "ops": [(n, c, _file_digest(Path(f)) if f else "") for n, c, f in hooks],
-                    "sources": [(str(p.relative_to(p.parents[1])), _file_digest(p))
-                                for p in files]})
-
-
 def build_library(config: HwConfig, verilog: str | None = None, *,
                   trace: str | Path | None = None, cache_dir: str | Path | None = None,
                   jobs: int = 2, quiet: bool = False) -> tuple[Path, bool]:
@@ -359,7 +324,7 @@ def build_library(config: HwConfig, verilog: str | None = None, *,
         "flags": [vflags, cflags, ldflags, make_vars],
     }
     root = cache_root(cache_dir)
-    index = root / "index" / _digest({**recipe, "sources": source_key(config)})
+    index = root / "index" / digest({**recipe, "sources": source_key(config)})
     if verilog is None and index.is_file():
         library = root / index.read_text().strip() / LIB_NAME
         if library.is_file():
@@ -371,7 +336,7 @@ def build_library(config: HwConfig, verilog: str | None = None, *,
         index_entry = None
     check_verilog_ports(config, verilog)
     key_data = {**recipe, "verilog": hashlib.sha256(verilog.encode()).hexdigest()}
-    key = _digest(key_data)
+    key = digest(key_data)
     final = root / key
     library = final / LIB_NAME
     if library.is_file():
@@ -382,10 +347,7 @@ def build_library(config: HwConfig, verilog: str | None = None, *,
     with _build_lock(root / f".{key}.lock", config, quiet):
         if library.is_file():       # another process built it while we waited
             return library, False
-        if not quiet:
-            print(f"building RTL simulation for config {config.name!r} (cached afterwards)...",
-                  file=sys.stderr, flush=True)
-        _Build(config, verilog, tc, kind, ports_inc, jobs).run(root, final, key_data)
+        _Build(config, verilog, tc, kind, ports_inc, jobs, quiet).run(root, final, key_data)
     _write_index(index_entry, key)
     return library, True
 
@@ -462,9 +424,9 @@ class _Build:
     ``obj`` and ``out``), so concurrent builds of one key never see each other's files."""
 
     def __init__(self, config: HwConfig, verilog: str, tc: _Toolchain, kind: str,
-                 ports_inc: str, jobs: int) -> None:
+                 ports_inc: str, jobs: int, quiet: bool = False) -> None:
         self.config, self.verilog, self.tc, self.kind = config, verilog, tc, kind
-        self.ports_inc, self.jobs = ports_inc, jobs
+        self.ports_inc, self.jobs, self.quiet = ports_inc, jobs, quiet
         self.vflags, self.cflags, self.ldflags, self.make_vars = _flags(kind)
         self.env = tc.environ()
 
@@ -475,11 +437,14 @@ class _Build:
         try:
             src, obj, out = work / "src", work / "obj", work / "out"
             self._write_sources(src)
+            self._stage("Verilator: Verilog to C++", started)
             self._verilate(src, obj)
             runtime = _RuntimeObjects(root, self.tc, self.make_vars, obj)
             runtime.restore(obj)
+            self._stage(f"compiling the C++ ({self.jobs} jobs)", started)
             self._make(obj)
             runtime.save(obj)
+            self._stage("done", started)
             self._install(obj, out, {
                 "config": self.config.name, "key": key_data,
                 "seconds": round(time.monotonic() - started, 2),
@@ -490,10 +455,17 @@ class _Build:
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
+    def _stage(self, what: str, started: float) -> None:
+        """A progress line on stderr: a pynq build is silent for minutes otherwise."""
+        if not self.quiet:
+            print(f"building the RTL simulation of config {self.config.name!r} (cached "
+                  f"afterwards), {time.monotonic() - started:.0f} s: {what}", file=sys.stderr,
+                  flush=True)
+
     def _write_sources(self, src: Path) -> None:
         """The Verilog, the harness and its generated port bindings, in ``src``."""
         src.mkdir()
-        (src / f"{TOP}.v").write_text(self.verilog)
+        (src / f"{TOP}.v").write_text(self.verilog + "\n" + sim_top_source(self.verilog))
         shutil.copyfile(HARNESS_SOURCE, src / "harness.cpp")
         (src / "tessera_ports.inc").write_text(self.ports_inc)
 

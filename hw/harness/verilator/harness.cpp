@@ -595,12 +595,16 @@ struct Harness {
         top->eval();
     }
 
+    // The model is tessera_sim_top: aresetn reaches tessera_top through a flip-flop
+    // (see verilator_build.sim_top_source), so reset ends one cycle after aresetn rises;
+    // that cycle is still a reset cycle here, and cycle 0 starts as without the flip-flop.
     void reset(int cycles) {
         clear_model();
         in_reset = true;
         top->aresetn = 0;
         for (int k = 0; k < cycles; ++k) tick();
         top->aresetn = 1;
+        tick();
         in_reset = false;
         clear_model();
         cycle = 0;
@@ -616,7 +620,7 @@ struct Harness {
 
 TSIM_API int tsim_num_ports() { return NPORTS; }
 TSIM_API int tsim_bus_bytes() { return B; }
-TSIM_API int tsim_abi_version() { return 2; }
+TSIM_API int tsim_abi_version() { return 3; }
 
 TSIM_API void* tsim_create(uint64_t dram_bytes, uint64_t latency, double ddr_bytes_per_cycle,
                            const char* trace_path) {

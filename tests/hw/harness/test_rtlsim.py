@@ -394,6 +394,25 @@ def test_the_source_key_follows_the_config_and_the_registered_ops(monkeypatch):
     assert verilator_build.source_key(CFG64) != key
 
 
+def test_the_source_key_reads_what_the_export_imports():
+    """export_sources holds every core and hardware module the Verilog export imports (a
+    fresh interpreter imports it and lists them), and not the CLI or the harness."""
+    import subprocess
+    import sys
+
+    from tessera.hw.harness.verilator_sources import export_sources
+    code = ("import sys, tessera.hw.synth.export\n"
+            "for m in list(sys.modules.values()):\n"
+            "    f = getattr(m, '__file__', None)\n"
+            "    if f and m.__name__.startswith('tessera'): print(f)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    imported = {os.path.realpath(f) for f in out}
+    listed = {os.path.realpath(p) for p in export_sources()}
+    assert imported and imported <= listed, sorted(imported - listed)
+    assert not any("cli" in os.path.basename(p) or "harness" in p for p in listed)
+
+
 def test_verilog_export_missing(monkeypatch):
     import sys
     monkeypatch.setitem(sys.modules, "tessera.hw.synth.export", None)
@@ -418,6 +437,41 @@ def test_cache_reuse(cache, verilog, make):
     assert len({b["key"] for b in builds}) == 1
     assert sorted(len(b["reused"]) for b in builds)[:2] == [0, 2]   # verilated, verilated_threads
     assert not list(cache.glob(".build-*"))
+
+
+def test_the_build_key_holds_the_flags(make):
+    """Compiler and Verilator options are part of the build's key (a change rebuilds)."""
+    sim = make("64")
+    record = json.loads((sim.library.parent / "build.json").read_text())
+    vflags, cflags, ldflags, make_vars = verilator_build._flags("")
+    assert record["key"]["flags"] == [vflags, cflags, ldflags, make_vars]
+    assert "OPT_FAST=-O2" in make_vars and " -O" not in cflags   # CFLAGS would override it
+    assert vflags[vflags.index("--top-module") + 1] == verilator_build.SIM_TOP
+
+
+def test_sim_top_wraps_every_port(verilog):
+    """tessera_sim_top has tessera_top's ports, widths included, and registers aresetn."""
+    import re
+    text = verilator_build.sim_top_source(verilog["128"])
+    header = re.search(r"module tessera_sim_top\((.*?)\);", text).group(1).split(", ")
+    assert sorted(header) == sorted(verilator_build.expected_ports(CFG128))
+    assert "  input [127:0] m_axi_p0_rdata;" in text and "  output interrupt;" in text
+    assert ".aresetn(aresetn_q)" in text and ".aclk(aclk)" in text
+    assert "always @(posedge aclk) aresetn_q <= aresetn;" in text
+    with pytest.raises(RtlSimError, match="port declarations of module tessera_top"):
+        verilator_build.sim_top_source("module tessera_top(a);\n  input a;\nendmodule\n")
+
+
+def test_reset_ends_on_cycle_0(make):
+    """The registered reset costs no cycle after reset: the first register write takes as
+    long as the next one, and the design counts from the first cycle."""
+    sim = make("64")
+    for power_on in (False, True):
+        sim.reset(power_on=power_on)
+        sim.write_reg(SCRATCH, 1)
+        first = sim.cycle
+        sim.write_reg(SCRATCH, 2)
+        assert sim.cycle - first == first > 0
 
 
 def test_bad_verilog(cache, verilog):
