@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -33,6 +34,7 @@ from .emit import Emitter, Place
 from tessera.errors import CompileError
 from .layout import ActLayout, int_dtype, pack_activation, unpack_activation
 from .ops import Concat, Conv2d, ConvTranspose2d, Dense, Eltwise, Op, Pool2d
+from .poolfuse import fuse_conv_pools
 from .packing import PackedInput, pack_small_channel_convs
 from .sync import insert_dependency_tokens
 
@@ -196,7 +198,7 @@ def compile_ops(ops: Sequence[Op], input_shapes: Mapping[str, tuple[int, ...]],
                 config: HwConfig | str | None = None, *, outputs: Sequence[str] | None = None,
                 threads: int = 2, plans: Mapping[str, object] | None = None,
                 pack_small_channels: bool = True, skip_zero_blocks: bool = True,
-                verify: bool = False,
+                verify: bool = False, fuse_pools: bool = True,
                 on_op: Callable[[Op], None] | None = None) -> CompiledProgram:
     """Compile ``ops`` (in execution order) into one program for ``config``.
 
@@ -209,13 +211,18 @@ def compile_ops(ops: Sequence[Op], input_shapes: Mapping[str, tuple[int, ...]],
     transform in :meth:`CompiledProgram.bind`). ``skip_zero_blocks``: convolution and dense
     weight blocks of zeros are neither stored, loaded nor multiplied (False runs every
     layer densely, e.g. to compare). ``verify`` runs
-    :func:`~.verify.verify_program` on the result. ``on_op`` is called with each operator
-    before it is tensorized (progress reporting).
+    :func:`~.verify.verify_program` on the result. ``fuse_pools``: a max pool runs in the
+    tiles of the convolution it reads where it can (:mod:`.poolfuse`). ``on_op`` is called
+    with each operator before it is tensorized (progress reporting).
     """
     t0 = time.perf_counter()
     cfg = get_config(config)
     if threads not in (1, 2):
         raise CompileError(f"threads must be 1 or 2, not {threads}")
+    unfused = partial(compile_ops, ops, input_shapes, cfg, outputs=outputs, threads=threads,
+                      plans=plans, pack_small_channels=pack_small_channels,
+                      skip_zero_blocks=skip_zero_blocks, verify=verify, fuse_pools=False,
+                      on_op=on_op)
     ops = list(ops)
     user_inputs = list(input_shapes)
     input_transforms: dict[str, PackedInput] = {}
@@ -234,6 +241,8 @@ def compile_ops(ops: Sequence[Op], input_shapes: Mapping[str, tuple[int, ...]],
     for name in outs:
         if name not in shapes:
             raise CompileError(f"output {name!r} is not a tensor of the program")
+    if fuse_pools:
+        ops = fuse_conv_pools(ops, shapes, outs, cfg, threads, plans or {})
     em = Emitter(cfg)
     layouts = plan_layouts(ops, shapes, cfg)
     dram = plan_dram(ops, shapes, list(input_shapes), outs, cfg, em, layouts)
@@ -242,10 +251,19 @@ def compile_ops(ops: Sequence[Op], input_shapes: Mapping[str, tuple[int, ...]],
     for op in ops:
         if on_op is not None:
             on_op(op)
-        plan = _tensorize_op(em, op, tensors, threads=threads,
-                             plan=(plans or {}).get(op.name), skip_zero_blocks=skip_zero_blocks)
+        try:
+            plan = _tensorize_op(em, op, tensors, threads=threads,
+                                 plan=(plans or {}).get(op.name),
+                                 skip_zero_blocks=skip_zero_blocks)
+        except CompileError:
+            if getattr(op, "pool", None) is None:
+                raise
+            return unfused()    # no fused tiling emits (its uop kernels overflow)
         if plan is not None:
             used_plans[op.name] = plan
+        if getattr(op, "pool", None) is not None:
+            em.begin_op(op.pool.name)   # fused: no instructions of its own (profile rows)
+            em.end_op()
     program = insert_dependency_tokens(em.finish())
     op_bounds = _per_operator(program.sync_stats.map_bounds(em.op_bounds()),  # type: ignore
                               [op.name for op in ops])

@@ -19,16 +19,19 @@ from tessera.isa import ALU_OPS, Alu, Gemm, Load, MemType, Store
 
 from .acctile import reset_insn
 from .emit import Emitter, Place, TensorInfo, dma_cycles, plane_dmas
-from .epilogue import emit_epilogue, emit_param_prologue, plan_epilogue, tile_alu
+from .epilogue import (EpiloguePlan, emit_epilogue, emit_param_prologue, plan_epilogue,
+                       tile_alu)
 from tessera.errors import CompileError
 from .layout import ActLayout, WeightBlocks, pack_conv_weights
 from .nest import Dim, dim, explicit_dim, map_nest
 from .ops import Conv2d, Dense
 from .convplan import (Budget, ConvGeom, ConvPlan, LAST_TILE_CHUNKS, PIPELINE_REGIONS,
-                       PLAN_FALLBACKS, Step, Tile, conv_plan_fits, epilogue_chunks, schedule,
+                       PLAN_FALLBACKS, Step, Tile, conv_plan_fits, epilogue_chunks,
+                       gemm_dense_dims, gemm_pixel_dims, gemm_tap_dims, schedule,
                        tile_replicas)
 from .convweights import interleave_terms, step_weights
 from .convcost import cached_conv_plans, interleave
+from .poolfuse import FusedPool, check_pool_plan, fused_pool_plans
 
 def acc_bound(weight: np.ndarray, config: HwConfig) -> tuple[int, int]:
     """Bounds of the raw accumulator: sum |w| x the largest input magnitude, per channel."""
@@ -36,6 +39,12 @@ def acc_bound(weight: np.ndarray, config: HwConfig) -> tuple[int, int]:
     w = weight.reshape(weight.shape[0], -1).astype(np.int32)  # int8 abs(-128) would wrap
     s = int(np.abs(w).sum(axis=1, dtype=np.int64).max()) * m
     return -s, s
+
+
+def conv_epilogue(conv: Conv2d, channels: int, config: HwConfig, where: str) -> EpiloguePlan:
+    """The epilogue plan of a convolution's tiles (the bias as the rows' initial value)."""
+    return plan_epilogue(conv.epilogue, channels=channels, config=config,
+                         acc_range=acc_bound(conv.weight, config), init_bias=True, where=where)
 
 
 def _first_region(last: tuple[int, int] | None, base_of, rows: int) -> int:
@@ -117,16 +126,17 @@ class ConvTensorizer:
             raise CompileError(f"{self.where}: input {inp.name!r} is packed in blocks of "
                                f"{inp.layout.block} channels but the GEMM reads {c.block_in}",
                                op=op.name)
-        self.ep = plan_epilogue(self.conv.epilogue, channels=self.g.o, config=c,
-                                acc_range=acc_bound(self.conv.weight, c), init_bias=True,
-                                where=self.where)
+        self.ep = conv_epilogue(self.conv, self.g.o, c, self.where)
         self.hazard = timing.gemm_hazard_distance()
+        self.pool, self.fused = getattr(op, "pool", None), None   # :mod:`.poolfuse`
 
     # ------------------------------------------------------------ candidate tilings
     def forced_plans(self, plan: ConvPlan) -> list[ConvPlan]:
         """The forced tiling ``plan``, or unpipelined when its pipelined regions do not fit
         (raises when neither fits)."""
         g, c, ep = self.g, self.config, self.ep
+        if self.pool is not None:
+            check_pool_plan(self.where, self.op.name, g, plan, c)
         forced = [plan] + ([replace(plan, pipeline=False)] if plan.pipelined else [])
         fits = [p for p in forced if not isinstance(conv_plan_fits(g, p, c, ep), str)]
         if not fits:
@@ -138,6 +148,9 @@ class ConvTensorizer:
         """The best tilings by cycle estimate, then (lazily: only searched when every one
         before overflows) the last resorts on small uop buffers: two slots need half the
         kernels of four regions, one thread a quarter."""
+        if self.pool is not None:
+            yield from fused_pool_plans(self.g, self.config, self.ep, threads)
+            return
         searches = [(threads, PLAN_FALLBACKS, True)]
         if threads > 1:
             searches += [(threads, PLAN_FALLBACKS // 2, False), (1, PLAN_FALLBACKS // 2, True)]
@@ -191,6 +204,8 @@ class ConvTensorizer:
     def _emit_plan(self, plan: ConvPlan, budget: Budget) -> None:
         """Emit every instruction of one tiling (its uop kernels join the operator's)."""
         self.plan, self.budget = plan, budget
+        if self.pool is not None:
+            self.fused = FusedPool(self.em, self.pool, self.out, plan.oh_t, self.g.ow)
         first = self._place_regions()
         steps = schedule(self.g, plan, first, (budget.inp_slots, budget.wgt_slots))
         tiles = _steps_by_tile(steps)
@@ -281,7 +296,8 @@ class ConvTensorizer:
             if k + 1 < len(tiles):
                 side += [_flagged([i], True) for i in self._init(tiles[k + 1][0])]
             for unit, j in interleave([self._cycles(i) for i in gitems],
-                                      [self._cycles(i) for i in side]):
+                                      [self._cycles(i) for i in side],
+                                      [self._takes_both(i) for i in side]):
                 em.emit(*(gitems[j] if unit == 0 else side[j]))
         self._emit_last_epilogue(tiles[-1][-1])
 
@@ -298,6 +314,11 @@ class ConvTensorizer:
                 else:
                     flagged.append(i)
             self.em.emit(*flagged)
+
+    @staticmethod
+    def _takes_both(insns: list) -> bool:
+        """Whether ``insns`` hold a compute-module load (it takes both compute units)."""
+        return any(isinstance(i, Load) and i.mem in (MemType.ACC, MemType.ACC8) for i in insns)
 
     def _cycles(self, insns: list) -> int:
         """Compute-module cycles of ``insns`` (loads of inp/wgt and stores run elsewhere)."""
@@ -368,17 +389,13 @@ class ConvTensorizer:
         """The step's GEMM (``None`` when no block pair of the step exists)."""
         g, t, it = self.g, s.tile, s.intile
         nb_n, ob_n, px, rows, R = self._shape(t)
-        oh_n, ow_n = t.oy1 - t.oy0, t.ox1 - t.ox0
-        plane = it.rows * it.cols
         j_n = s.j1 - s.j0
         pairs = [(ob, j) for ob in range(ob_n) for j in range(j_n)
                  if it.c0 <= g.gb.cb_lo[t.ob0 + ob] + s.j0 + j < it.c1]
         if not pairs:
             return None
-        dims: list[Dim] = [dim("nb", nb_n, dst=ob_n * px, src=(it.c1 - it.c0) * plane),
-                           dim("oy", oh_n, dst=ow_n, src=(g.sy // g.row_step) * it.cols),
-                           dim("ox", ow_n, dst=1, src=g.sx)]
-        taps = [dim("ky", g.kh, src=g.dy * it.cols, wgt=g.kw), dim("kx", g.kw, src=g.dx, wgt=1)]
+        dims: list[Dim] = gemm_pixel_dims(g, t, it)
+        taps = gemm_tap_dims(g, it)
         src0 = s.inp_slot * self.budget.inp_slot
         if R > 1 or not g.blocks.is_dense:
             per_ob = self._step_terms(s, pairs)
@@ -387,8 +404,7 @@ class ConvTensorizer:
             dims.append(self._replica_terms_dim(s, per_ob, R) if R > 1 else
                         self._sparse_terms_dim(s, per_ob))
         elif len(pairs) == ob_n * j_n and g.gb.slope is not None:
-            dims += taps + [dim("ob", ob_n, dst=px, src=g.gb.slope * plane, wgt=j_n * g.khkw),
-                            dim("j", j_n, src=plane, wgt=g.khkw)]
+            dims = gemm_dense_dims(g, t, it, j_n)
             src0 += self._block_src(s, 0, 0)
         else:
             # Ragged or irregular block pairs: interleave output blocks so consecutive
@@ -458,6 +474,9 @@ class ConvTensorizer:
         group's epilogue, so little of the final store is exposed)."""
         t = s.tile
         items = self._replica_sums(s)
+        if self.fused is not None:   # the whole tile's epilogue, then the pool
+            return items + self.fused.items(self._chunk_epilogue(s, epilogue_chunks(t, 1)[0]),
+                                            t, s.acc_slot, self.plan.regions, self.region_base)
         for chunk in epilogue_chunks(t, chunks):
             items += [[i] for i in self._chunk_epilogue(s, chunk)]
             stores = self._chunk_stores(s, chunk)

@@ -3,102 +3,42 @@
 
 Legal tilings come from :mod:`.convplan`; each is ranked by :class:`ConvCostModel`, a
 pipeline model built on :mod:`tessera.timing` (the formulas the simulator and the RTL
-meet), and the best few are kept (:func:`cached_conv_plans`).
+meet; single instructions and steps priced in :mod:`.convsteps`), and the best few are
+kept (:func:`cached_conv_plans`).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import replace
-from functools import lru_cache
-
 
 from tessera import timing
 from tessera.config import HwConfig
-from tessera.isa import ALU_OPS, Alu, Gemm, Load, MemType, Store
+from tessera.isa import MemType, get_isa
 
-from .emit import dma_cycles
+from .convsteps import (alu_op_cycles, fetch_cycles_per_insn, gemm_op_cycles,
+                        input_load_cycles, load_cycles, quick_estimate, reset_cycles,
+                        step_terms, store_cycles, total_gemm_ops, weight_load_cycles)
 from .epilogue import EpStep, EpiloguePlan
 from tessera.errors import CompileError
 from .layout import ceil_div
 from .convplan import (ConvGeom, ConvPlan, InTile, LAST_TILE_CHUNKS, MAX_SIMULATED_PLANS, SlotRing,
-                       Tile, buffer_slots, conv_plan_fits, epilogue_chunks, input_tile,
-                       tile_replicas, tiles_of)
-from .convweights import reduction_chunks, step_weights, weight_key
+                       Tile, buffer_slots, conv_plan_fits, epilogue_chunks, estimate_uops,
+                       gemm_dense_dims, input_tile, tile_replicas, tiles_of)
+from .nest import map_nest
+from .convweights import reduction_chunks, weight_key
 
-@lru_cache(maxsize=65536)
-def _load_cycles(config: HwConfig, mem: MemType, y: int, x: int, stride: int,
-                 pads: tuple[int, int, int, int]) -> int:
-    return dma_cycles(config, Load(mem=mem, y_size=y, x_size=x, x_stride=stride,
-                                   y_pad_0=pads[0], y_pad_1=pads[1], x_pad_0=pads[2],
-                                   x_pad_1=pads[3]))
-
-
-@lru_cache(maxsize=65536)
-def _store_cycles(config: HwConfig, y: int, x: int, stride: int) -> int:
-    return dma_cycles(config, Store(y_size=y, x_size=x, x_stride=stride))
-
-
-@lru_cache(maxsize=4096)
-def _gemm_cycles(ops: int) -> int:
-    return timing.gemm_cycles(Gemm(uop_begin=0, uop_end=1, iter_out=ops))
-
-
-@lru_cache(maxsize=4096)
-def _alu_cycles(op: str, use_imm: bool, ops: int) -> int:
-    return timing.alu_cycles(Alu(alu_op=ALU_OPS.by_name(op).opcode, use_imm=use_imm,
-                                 uop_begin=0, uop_end=1, iter_out=ops))
-
-
-def fetch_cycles_per_insn(config: HwConfig) -> float:
-    """Average cycles fetch spends per instruction (burst read plus dispatch)."""
-    n = timing.fetch_chunk_insns(config)
-    return (config.dram_latency + timing.fetch_chunk_beats(config, n)
-            + n * timing.FETCH_DISPATCH_CYCLES) / n
-
-
-def input_load_cycles(config: HwConfig, g: ConvGeom, it: InTile) -> tuple[float, int]:
-    """``(cycles, DMAs)`` loading input tile ``it``: a DMA per (image block, input block)
-    plane, except for a batch of one-pixel images (a dense layer over many rows) whose
-    tile holds every input block of each image: those planes lie evenly spaced in DRAM
-    and :func:`~.emit.plane_dmas` loads them as one DMA (a row per plane)."""
-    planes = (it.nb1 - it.nb0) * (it.c1 - it.c0)
-    rows, cols = it.rows - it.pads[0] - it.pads[1], it.cols - it.pads[2] - it.pads[3]
-    if (g.NB > 1 and g.h == g.w == 1 and planes > 1 and not any(it.pads)
-            and (it.c1 - it.c0 == g.CB or it.nb1 - it.nb0 == 1)):
-        return _load_cycles(config, MemType.INP, planes, 1, 1, (0, 0, 0, 0)), 1
-    return planes * _load_cycles(config, MemType.INP, rows, cols, g.w * g.row_step,
-                                 it.pads), planes
-
-
-@lru_cache(maxsize=1 << 16)
-def step_terms(g: ConvGeom, t: Tile, j0: int, j1: int, it: InTile) -> int:
-    """Kernel terms ``(ob, j, ky, kx)`` of a step whose input block exists and whose weight
-    block holds a non-zero."""
-    n = 0
-    for ob in range(t.ob0, t.ob1):
-        for j in range(j0, j1):
-            cb = g.gb.cb_lo[ob] + j
-            if it.c0 <= cb < it.c1:
-                n += g.blocks.count(ob, j, j + 1)
-    return n
-
-
-def weight_load_cycles(config: HwConfig, g: ConvGeom, ob0: int, ob1: int, j0: int,
-                       j1: int) -> float:
-    """Cycles of the DMAs loading a step's weight tile (:func:`~.convweights.step_weights`)."""
-    return sum(_load_cycles(config, MemType.WGT, r.obs, r.count, r.stride, (0, 0, 0, 0))
-               for r in step_weights(g, ob0, ob1, j0, j1).runs)
-
-
-def interleave(gemm: list[int], side: list[int]) -> list[tuple[int, int]]:
+def interleave(gemm: list[int], side: list[int],
+               both: list[bool] | None = None) -> list[tuple[int, int]]:
     """Stream order of one tile's GEMM steps (cycles ``gemm``) and the ALU-unit
     instructions that run beside them (cycles ``side``: the previous tile's epilogue, the
     next tile's init), as ``(0, j)`` / ``(1, i)``.
 
     The first GEMM leads (it waits for both units); the rest follow by predicted start,
-    each unit busy back to back from then (ties go to the ALU). Compute instructions start
-    in program order, so an order close to the real start times keeps either unit from
-    waiting behind an instruction of the other.
+    each unit busy back to back from then (ties go to the ALU). A side instruction that
+    takes both units (``both[i]``: a residual load into the accumulator) starts once both
+    are free and holds both. Compute instructions start in program order, so an order
+    close to the real start times keeps either unit from waiting behind an instruction of
+    the other.
     """
     order: list[tuple[int, int]] = []
     j = i = 0
@@ -109,18 +49,16 @@ def interleave(gemm: list[int], side: list[int]) -> list[tuple[int, int]]:
     while j < len(gemm) or i < len(side):
         if i < len(side) and (j >= len(gemm) or ta <= tg):
             order.append((1, i))
-            ta += side[i]
+            if both is not None and both[i]:
+                ta = tg = max(ta, tg) + side[i]
+            else:
+                ta += side[i]
             i += 1
         else:
             order.append((0, j))
             tg += gemm[j]
             j += 1
     return order
-
-
-@lru_cache(maxsize=4096)
-def _reset_cycles(rows: int) -> int:
-    return timing.alu_cycles(Alu(reset=True, uop_begin=0, uop_end=1, iter_out=rows))
 
 
 class ConvCostModel:
@@ -142,7 +80,7 @@ class ConvCostModel:
         self._step: dict[tuple, tuple] = {}
         self._tile: dict[tuple, tuple] = {}
         self._side: dict[tuple, tuple] = {}
-        self.epi = [(s.op, s.imm is not None) for s in ep.steps if s.kind == "alu"]
+        self._kernel: dict[tuple, int] = {}     # GEMM kernel uops by step shape
 
     def step_costs(self, t: Tile, j0: int, j1: int) -> tuple:
         key = (t.nb0, t.nb1, t.ob0, t.ob1, t.oy0, t.oy1, t.ox0, t.ox1, j0, j1)
@@ -152,11 +90,34 @@ class ConvCostModel:
             it = input_tile(g, t, j0, j1)
             icyc, planes = input_load_cycles(config, g, it)
             wcyc = weight_load_cycles(config, g, t.ob0, t.ob1, j0, j1)
-            ops = step_terms(g, t, j0, j1, it) * (t.nb1 - t.nb0) * t.pixels
+            terms = step_terms(g, t, j0, j1, it)
+            ops = terms * (t.nb1 - t.nb0) * t.pixels
+            shape = (t.nb1 - t.nb0, t.ob1 - t.ob0, t.oy1 - t.oy0, t.ox1 - t.ox0, it.rows,
+                     it.cols, j1 - j0)
+            uops = self._kernel.get((shape, terms))
+            if uops is None:
+                uops = self._kernel[shape, terms] = self.kernel_uops(t, it, j1 - j0, terms)
             hit = (it.key, icyc, planes, weight_key(t, j0, j1), wcyc,
-                   _gemm_cycles(ops) if ops else 0, ops)
+                   gemm_op_cycles(ops) if ops else 0, ops, shape, uops)
             self._step[key] = hit
         return hit
+
+    def kernel_uops(self, t: Tile, it: InTile, j_n: int, terms: int) -> int:
+        """Uops of a step's GEMM kernel: those of the nest the tensorizer maps
+        (:func:`~.convplan.gemm_dense_dims`) when its block pairs all exist, else about one
+        per term (per term and pixel in a tile of fewer rows than the hazard distance)."""
+        g, config = self.g, self.config
+        nb_n, ob_n = t.nb1 - t.nb0, t.ob1 - t.ob0
+        hazard = timing.gemm_hazard_distance()
+        if (g.blocks.is_dense and g.gb.slope is not None and terms == ob_n * j_n * g.khkw
+                and tile_replicas(config, g, nb_n, ob_n, t.pixels) == 1):
+            try:
+                return len(map_nest(gemm_dense_dims(g, t, it, j_n), (0, 0, 0), kind="gemm",
+                                    isa=get_isa(config), distance=hazard,
+                                    max_uops=config.uop_depth).uops)
+            except CompileError:
+                pass
+        return terms * (1 if t.rows >= hazard else nb_n * t.pixels)
 
     def side_costs(self, nb_n: int, ob_n: int, px: int, r: int) -> tuple:
         """``(init, epilogue)``: the cycles of a tile's init instructions and of its
@@ -166,17 +127,21 @@ class ConvCostModel:
         if hit is None:
             ep, rows = self.ep, nb_n * ob_n * px
             if ep.init is not None:
-                init = [_alu_cycles("MOV", ep.init.imm is not None, rows)]
+                init = [alu_op_cycles("MOV", ep.init.imm is not None, rows)]
                 if r > 1:
-                    init.append(_reset_cycles((r - 1) * rows))
+                    init.append(reset_cycles((r - 1) * rows))
             else:
-                init = [_reset_cycles(r * rows)]
-            epi = [(_alu_cycles("ADD", False, rows), False)] * (r - 1)
-            for _ in ep.residuals:
-                epi.append((nb_n * _load_cycles(self.config, MemType.ACC8, 1, rows // nb_n,
-                                                rows, (0, 0, 0, 0)), True))
-                epi.append((_alu_cycles("ADD", False, rows), False))
-            epi += [(_alu_cycles(op, imm, rows), False) for op, imm in self.epi]
+                init = [reset_cycles(r * rows)]
+            epi = [(alu_op_cycles("ADD", False, rows), False)] * (r - 1)
+            for st in ep.steps:     # in program order (see emit_epilogue)
+                if st.kind == "residual":
+                    epi.append((nb_n * load_cycles(self.config, MemType.ACC8, 1,
+                                                    rows // nb_n, rows, (0, 0, 0, 0)), True))
+                    if st.op:
+                        epi.append((alu_op_cycles(st.op, st.imm is not None, rows), False))
+                    epi.append((alu_op_cycles("ADD", False, rows), False))
+                elif st.kind == "alu":
+                    epi.append((alu_op_cycles(st.op, st.imm is not None, rows), False))
             hit = (tuple(init), tuple(epi))
             self._side[key] = hit
         return hit
@@ -184,8 +149,8 @@ class ConvCostModel:
     def _store(self, t: Tile, nb_n: int, ob_n: int) -> float:
         g, config = self.g, self.config
         if t.ox1 - t.ox0 == g.ow:
-            return nb_n * _store_cycles(config, ob_n, t.pixels, g.oh * g.ow)
-        return nb_n * ob_n * _store_cycles(config, t.oy1 - t.oy0, t.ox1 - t.ox0, g.ow)
+            return nb_n * store_cycles(config, ob_n, t.pixels, g.oh * g.ow)
+        return nb_n * ob_n * store_cycles(config, t.oy1 - t.oy0, t.ox1 - t.ox0, g.ow)
 
     def tile_costs(self, t: Tile, last: bool) -> tuple:
         """``(init, [(epilogue, store) per plane group], instructions)`` of a tile (the
@@ -232,9 +197,21 @@ class _PipelineRun:
         self.read_wgt = [0.0] * n_wgt
         self.acc_free = [0.0] * p.regions
         self.free = [0.0, 0.0]          # GEMM unit, ALU unit
+        # The uop kernels the stream needs, by kernel (see uop_cycles).
+        self.kernels: dict[tuple, int] = {}
+        self._costs: list[tuple | None] = [None] * len(self.tiles)
+        self.plan = p
         self.last_start = -1.0
         self.load_end = self.store_end = self.fetched = 0.0
         self.left = total_gemm_ops(g)  # GEMM work not yet issued: a lower bound on what remains
+
+    def costs(self, ti: int) -> tuple:
+        """:meth:`ConvCostModel.tile_costs` of tile ``ti`` (remembered per run)."""
+        hit = self._costs[ti]
+        if hit is None:
+            hit = self._costs[ti] = self.model.tile_costs(self.tiles[ti],
+                                                          ti == len(self.tiles) - 1)
+        return hit
 
     def run(self, bound: float) -> float:
         """The plan's cycles; ``inf`` once the GEMM work left cannot end under ``bound``."""
@@ -248,7 +225,24 @@ class _PipelineRun:
                 return math.inf
             if not self.pipelined or ti == last:
                 self.epilogue(ti, False)
-        return max(self.free[0], self.free[1], self.store_end)
+        return max(self.free[0], self.free[1], self.store_end) + self.uop_cycles()
+
+    def uop_cycles(self) -> int:
+        """Cycles of the operator's uop LOAD, which holds both units before anything
+        computes: a GEMM kernel per step shape and slot combination met (its source,
+        weight and destination offsets differ), about one uop per ALU instruction of a
+        tile shape and region; skipped zero blocks make kernels irregular, counted as
+        :func:`~.convplan.estimate_uops` does."""
+        model = self.model
+        if model.g.blocks.is_dense:
+            shapes = {(t.nb1 - t.nb0, t.ob1 - t.ob0, t.pixels, ti % self.regions)
+                      for ti, t in enumerate(self.tiles)}
+            init, groups, _ = self.costs(0)
+            alu = len(init) + sum(len(e) for e, _ in groups)
+            uops = sum(self.kernels.values()) + len(shapes) * alu
+        else:
+            uops = estimate_uops(model.g, self.plan, model.config)
+        return load_cycles(model.config, MemType.UOP, 1, uops, uops, (0, 0, 0, 0))
 
     def issue(self, unit: int, cycles: float, overlap: bool, ready: float,
               both: bool = False) -> float:
@@ -265,26 +259,41 @@ class _PipelineRun:
 
     def init(self, ti: int, overlap: bool) -> None:
         """The init of tile ``ti``, once the store that last read its region is done."""
-        costs = self.model.tile_costs(self.tiles[ti], ti == len(self.tiles) - 1)[0]
-        for c in costs:
-            self.fetched += self.per_insn
-            self.issue(1, c, overlap, max(self.fetched, self.acc_free[ti % self.regions]))
+        for i in range(len(self.costs(ti)[0])):
+            self.init_insn(ti, i, overlap)
+
+    def init_insn(self, ti: int, i: int, overlap: bool) -> None:
+        """Instruction ``i`` of tile ``ti``'s init."""
+        c = self.costs(ti)[0][i]
+        self.fetched += self.per_insn
+        self.issue(1, c, overlap, max(self.fetched, self.acc_free[ti % self.regions]))
 
     def epilogue(self, ti: int, overlap: bool) -> None:
         """The epilogue and stores of tile ``ti`` (the first instruction with ``overlap``
         as given, the rest beside the GEMM unit when pipelined)."""
-        groups = self.model.tile_costs(self.tiles[ti], ti == len(self.tiles) - 1)[1]
-        first = True
+        groups = self.costs(ti)[1]
+        for gi, (epi, _) in enumerate(groups):
+            for i in range(len(epi)) or [-1]:
+                self.epilogue_insn(ti, gi, i, overlap)
+                overlap = overlap if i < 0 else self.pipelined
+
+    def epilogue_insn(self, ti: int, gi: int, i: int, overlap: bool) -> None:
+        """Instruction ``i`` of plane group ``gi`` of tile ``ti``'s epilogue (``-1``: the
+        group has none) and, after the group's last, its store: the tile's region is free
+        once the last group's store ends. One that takes both units (a residual load)
+        never overlaps."""
+        groups = self.costs(ti)[1]
+        epi, store = groups[gi]
         end = self.free[1]
-        for epi, store in groups:
-            for c, both in epi:
-                self.fetched += self.per_insn
-                end = self.issue(1, c, overlap and not both if first else
-                                 self.pipelined and not both, self.fetched, both)
-                first = False
+        if i >= 0:
+            c, both = epi[i]
+            self.fetched += self.per_insn
+            end = self.issue(1, c, overlap and not both, self.fetched, both)
+        if i == len(epi) - 1:
             self.fetched += self.per_insn
             self.store_end = max(self.store_end, end) + store
-        self.acc_free[ti % self.regions] = self.store_end
+            if gi == len(groups) - 1:
+                self.acc_free[ti % self.regions] = self.store_end
 
     def tile_gemms(self, ti: int, bound: float) -> bool:
         """The GEMM steps of tile ``ti``, interleaved with the ALU work beside them;
@@ -293,13 +302,16 @@ class _PipelineRun:
         steps = [self.model.step_costs(t, j0, j1) for j0, j1 in self.chunks]
         side = self.side_work(ti)
         first_gemm = True
-        for unit, j in interleave([st[5] for st in steps],
-                                  [self.side_cycles(kind, k) for kind, k in side]):
+        for unit, j in interleave([st[5] for st in steps], [c for c, *_ in side],
+                                  [self.takes_both(*item) for item in side]):
             if unit == 1:
-                kind, k = side[j]
-                (self.epilogue if kind == "epi" else self.init)(k, True)
+                _, kind, k, gi, i = side[j]
+                if kind == "epi":
+                    self.epilogue_insn(k, gi, i, True)
+                else:
+                    self.init_insn(k, i, True)
                 continue
-            end = self.step(steps[j], not first_gemm and self.pipelined)
+            end = self.step(steps[j], not first_gemm and self.pipelined, ti % self.regions)
             if end is None:
                 continue
             first_gemm = False
@@ -307,32 +319,40 @@ class _PipelineRun:
                 return False
         return True
 
-    def side_work(self, ti: int) -> list[tuple[str, int]]:
-        """What runs on the ALU unit beside tile ``ti``'s GEMMs when pipelined: the
-        previous tile's epilogue (``"epi"``) and the next tile's init."""
+    def side_work(self, ti: int) -> list[tuple[int, str, int, int, int]]:
+        """What runs on the ALU unit beside tile ``ti``'s GEMMs when pipelined, one entry
+        per instruction as the emitter interleaves them (``(cycles, kind, tile, plane
+        group, index)``): the previous tile's epilogue (``"epi"``; index -1 for a plane
+        group of no instruction, only its store) and the next tile's init."""
         if not self.pipelined:
             return []
-        side = []
+        side: list[tuple[int, str, int, int, int]] = []
         if ti > 0:
-            side.append(("epi", ti - 1))
+            for gi, (epi, _) in enumerate(self.costs(ti - 1)[1]):
+                side += ([(c, "epi", ti - 1, gi, i) for i, (c, _) in enumerate(epi)]
+                         or [(0, "epi", ti - 1, gi, -1)])
         if ti + 1 < len(self.tiles):
-            side.append(("init", ti + 1))
+            init = self.costs(ti + 1)[0]
+            side += [(c, "init", ti + 1, 0, i) for i, c in enumerate(init)]
         return side
 
-    def side_cycles(self, kind: str, k: int) -> int:
-        """ALU cycles of tile ``k``'s epilogue (``kind == "epi"``) or init."""
-        init, groups, _ = self.model.tile_costs(self.tiles[k], False)
-        if kind == "epi":
-            return sum(c for e, _ in groups for c, _ in e)
-        return sum(init)
+    def takes_both(self, cycles: int, kind: str, k: int, gi: int, i: int) -> bool:
+        """Whether side instruction ``(cycles, kind, tile, group, index)`` (an entry of
+        :meth:`side_work`) takes both units (a residual load)."""
+        if kind != "epi" or i < 0:
+            return False
+        return self.costs(k)[1][gi][0][i][1]
 
-    def step(self, costs: tuple, overlap: bool) -> float | None:
-        """Load a step's input and weight tiles unless resident, then issue its GEMM;
-        returns the GEMM's end (``None`` when the step has no GEMM)."""
-        ikey, icyc, iplanes, wkey, wcyc, gcyc, ops = costs
+    def step(self, costs: tuple, overlap: bool, region: int) -> float | None:
+        """Load a step's input and weight tiles unless resident, then issue its GEMM (into
+        accumulator ``region``); returns the GEMM's end (``None`` when the step has no
+        GEMM)."""
+        ikey, icyc, iplanes, wkey, wcyc, gcyc, ops, shape, uops = costs
         self.left -= ops
         islot, load_inp = self.inp.claim(ikey)
         wslot, load_wgt = self.wgt.claim(wkey)
+        if gcyc:
+            self.kernels[(shape, islot, wslot, region)] = uops
         start, cycles, n_insn = self.load_end, 0, 1
         if load_inp:
             start = max(start, self.read_inp[islot])
@@ -364,76 +384,6 @@ def candidate_sizes(total: int, limit: int | None = None) -> list[int]:
     """Tile sizes that split ``total`` evenly: ``ceil(total / k)`` for every k, largest first."""
     sizes = sorted({ceil_div(total, k) for k in range(1, total + 1)}, reverse=True)
     return sizes if limit is None else sizes[:limit]
-
-
-@lru_cache(maxsize=256)
-def total_gemm_ops(g: ConvGeom) -> int:
-    """GEMM operations of the whole layer (independent of the tiling)."""
-    blocks = sum(g.blocks.count(ob, 0, max(0, min(g.J, g.CB - lo)))
-                 for ob, lo in enumerate(g.gb.cb_lo))
-    return blocks * g.NB * g.oh * g.ow
-
-
-def quick_estimate(g: ConvGeom, p: ConvPlan, config: HwConfig, ep: EpiloguePlan
-                   ) -> tuple[float, float]:
-    """Closed-form cycle estimate used to pre-rank tilings (no schedule is built).
-
-    ``max(compute, load) + fill + tail`` with two threads, ``compute + load +
-    store`` with one; compute is the GEMM and ALU work one after the other, or
-    when pipelined the larger of the two plus one tile of the smaller (the
-    first tile's GEMMs and the last one's epilogue run alone). Load counts
-    follow the reuse rules of :func:`schedule` (a weight or input tile stays
-    resident while it fits the slots). Returns the estimate (without halved
-    end tiles) and its fill + tail part.
-    """
-    T = p.threads
-    n_obt = ceil_div(g.OB, p.ob_t)
-    n_sp = ceil_div(g.NB, p.nb_t) * ceil_div(g.oh, p.oh_t) * ceil_div(g.ow, p.ow_t)
-    n_j = ceil_div(g.J, p.j_t)
-    n_tiles = n_sp * n_obt
-    steps = n_tiles * n_j
-    tile_rows = p.nb_t * p.ob_t * p.oh_t * p.ow_t
-    drain = _gemm_cycles(1) - 1
-    epi = sum(_alu_cycles(s.op, s.imm is not None, tile_rows) for s in ep.steps
-              if s.kind == "alu")
-    reps = tile_replicas(config, g, p.nb_t, p.ob_t, p.oh_t * p.ow_t)
-    epi += (_alu_cycles("MOV", ep.init.imm is not None, tile_rows) if ep.init is not None
-            else _reset_cycles(tile_rows * reps))
-    # Edge tiles are smaller than tile_rows: charging every tile the full epilogue slightly
-    # overestimates, equally for similar tilings.
-    gemm = total_gemm_ops(g) + steps * drain
-    exposed = 0.0
-    if p.pipelined:
-        exposed = min(gemm, n_tiles * epi) / n_tiles
-        compute = max(gemm, n_tiles * epi) + exposed
-    else:
-        compute = gemm + n_tiles * epi
-    it = input_tile(g, Tile(0, p.nb_t, 0, p.ob_t, 0, min(p.oh_t, g.oh), 0, min(p.ow_t, g.ow)),
-                    0, min(g.J, p.j_t))
-    l_in = input_load_cycles(config, g, it)[0]
-    l_w = weight_load_cycles(config, g, 0, min(p.ob_t, g.OB), 0, min(g.J, p.j_t))
-    TI, TW = buffer_slots(g, p, config)
-    # Loads in all, and in the first pass over the outer loop (resident data is loaded
-    # then, so that phase may be load-bound while the rest is not).
-    if p.order == "channel":
-        outer = n_obt
-        w_res, i_res = n_j <= TW, n_sp * n_j <= TI and g.gb.slope == 0
-        w_loads, w_first = (n_obt * n_j, n_j) if w_res else (steps, steps / outer)
-        i_loads, i_first = (n_sp * n_j, n_sp * n_j) if i_res else (steps, steps / outer)
-    else:
-        outer = n_sp
-        i_res, w_res = n_j <= TI and g.gb.slope == 0, n_obt * n_j <= TW
-        i_loads, i_first = (n_sp * n_j, n_j) if i_res else (steps, steps / outer)
-        w_loads, w_first = (n_obt * n_j, n_obt * n_j) if w_res else (steps, steps / outer)
-    load = i_loads * l_in + w_loads * l_w
-    first = i_first * l_in + w_first * l_w
-    store = _store_cycles(config, 1, tile_rows, tile_rows)
-    if T == 1:
-        return compute + load + n_tiles * store, 0.0
-    fill_tail = l_in + l_w + store + exposed
-    body = compute - exposed
-    return (max(body / outer, first) + max(body - body / outer, load - first) + fill_tail,
-            fill_tail)
 
 
 _PLAN_CACHE: dict[tuple, list[ConvPlan]] = {}

@@ -44,7 +44,7 @@ one with the lowest cycle estimate of a step-level pipeline model built on
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 
 from tessera import timing
@@ -54,6 +54,7 @@ from tessera.isa import get_isa
 from .epilogue import EpiloguePlan
 from .convweights import reduction_chunks, sparse_kernel_uops, weight_key, weight_slot_entries
 from .layout import GroupBlocks, WeightBlocks, ceil_div
+from .nest import Dim, dim
 from .ops import Conv2d
 
 #: Cap on candidate tilings simulated by the step model (the rest are pruned analytically).
@@ -120,16 +121,17 @@ class ConvGeom:
     def khkw(self) -> int:
         return self.kh * self.kw
 
-    @property
+    @cached_property
     def ragged(self) -> bool:
         """Some output blocks read fewer input blocks than others (grouped convolutions whose
         blocks run past the last input block)."""
         return any(lo + self.J > self.CB for lo in self.gb.cb_lo)
 
-    @property
+    @cached_property
     def uneven(self) -> bool:
         """Output blocks have unequal numbers of kernel terms (a ragged grouped
-        convolution, or zero weight blocks skipped)."""
+        convolution, or zero weight blocks skipped). Remembered: the tiling search asks
+        for every candidate."""
         return self.ragged or not self.blocks.is_dense
 
     @property
@@ -202,6 +204,32 @@ def input_tile(g: ConvGeom, t: Tile, j0: int, j1: int) -> InTile:
     left = min(cols, max(0, -ix0))
     right = min(cols - left, max(0, ix0 + cols - g.w))
     return InTile(t.nb0, t.nb1, c0, c1, iy0, rows, ix0, cols, (top, bottom, left, right))
+
+
+def gemm_pixel_dims(g: ConvGeom, t: Tile, it: InTile) -> list[Dim]:
+    """The output-pixel dimensions ``(nb, oy, ox)`` of the GEMM nest of a step of tile
+    ``t`` reading input tile ``it`` (accumulator rows ``[nb][ob][oy][ox]``)."""
+    plane = it.rows * it.cols
+    oh_n, ow_n = t.oy1 - t.oy0, t.ox1 - t.ox0
+    return [dim("nb", t.nb1 - t.nb0, dst=(t.ob1 - t.ob0) * t.pixels,
+                src=(it.c1 - it.c0) * plane),
+            dim("oy", oh_n, dst=ow_n, src=(g.sy // g.row_step) * it.cols),
+            dim("ox", ow_n, dst=1, src=g.sx)]
+
+
+def gemm_tap_dims(g: ConvGeom, it: InTile) -> list[Dim]:
+    """The kernel-position dimensions ``(ky, kx)`` of a step's GEMM nest."""
+    return [dim("ky", g.kh, src=g.dy * it.cols, wgt=g.kw), dim("kx", g.kw, src=g.dx, wgt=1)]
+
+
+def gemm_dense_dims(g: ConvGeom, t: Tile, it: InTile, j_n: int) -> list[Dim]:
+    """The whole GEMM nest of a step whose ``ob x j_n`` block pairs all exist (weights
+    dense, no replica rows): pixels, taps, output blocks, input blocks."""
+    plane = it.rows * it.cols
+    ob_n = t.ob1 - t.ob0
+    return gemm_pixel_dims(g, t, it) + gemm_tap_dims(g, it) + [
+        dim("ob", ob_n, dst=t.pixels, src=g.gb.slope * plane, wgt=j_n * g.khkw),
+        dim("j", j_n, src=plane, wgt=g.khkw)]
 
 
 # ------------------------------------------------------------------ plans
@@ -444,10 +472,11 @@ def estimate_uops(g: ConvGeom, p: ConvPlan, config: HwConfig,
                  * ceil_div(g.oh, p.oh_t) * ceil_div(g.ow, p.ow_t) * ceil_div(g.J, p.j_t))
     total = 0
     shapes = tile_shapes(g, p)
+    dense = g.blocks.is_dense
     for a, b, c, d in shapes:
         rows = a * b * c * d
         per_term = c * d * a if rows < timing.gemm_hazard_distance() else 1
-        if g.blocks.is_dense:
+        if dense:
             total += combos * sum(b * j * g.khkw * per_term for j in sizes(g.J, p.j_t))
         else:
             # Zero blocks skipped: a kernel per output-block range and input chunk, in a

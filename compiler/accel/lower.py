@@ -14,10 +14,13 @@ on the stored int8 values:
   ``Flatten`` of an image is first rewritten into a QConv whose kernel covers the image
   (:func:`convert_flattened_gemms`), which the accelerator runs without a host round
   trip.
-* ``QMaxPool`` -> :class:`~.ops.Pool2d` ``max`` (padding never wins, as in onnxruntime).
-* ``QGlobalAveragePool`` -> a depthwise :class:`~.ops.Conv2d` of ones over the whole
-  image: ``acc = sum(x) - x_zp * HW`` exactly in int32 and onnxruntime's requantization
-  with ``s = f32(x_scale / f32(y_scale * HW))``. Bit-exact.
+* ``QMaxPool`` -> :class:`~.ops.Pool2d` ``max`` (padding never wins, as in onnxruntime);
+  the compiler runs a 3x3/2 one in the tiles of the convolution it reads where it can
+  (:mod:`.poolfuse`).
+* ``QGlobalAveragePool`` -> a :class:`~.ops.Pool2d` ``sum`` over the whole image (row
+  adds on the tensor ALU; a plane too large for the accumulator, a depthwise
+  :class:`~.ops.Conv2d` of ones): ``acc = sum(x) - x_zp * HW`` exactly in int32 and
+  onnxruntime's requantization with ``s = f32(x_scale / f32(y_scale * HW))``. Bit-exact.
 * ``QAdd`` (MLAS computes it in float32) in fixed point: ``y = (A*a + B*b + F) >> k``
   with ``A, B`` the ratios ``a_scale / y_scale``, ``b_scale / y_scale`` scaled by
   ``2**k`` (``k`` as large as int32 allows, about 22 bits) and ``A, B, F`` chosen so that
@@ -62,6 +65,7 @@ from ..frontend.qdq import DOMAIN
 from ..frontend.qlinear import qlinear_add_coefficients
 from ..frontend.qshift import SHIFT, qadd_reference
 from .patterns import match_node, patterns_of
+from .pool import pool_fits
 
 __all__ = ["AVERAGE_POOL_REASON", "accel_unsupported_reason", "convert_flattened_gemms",
            "fuse_into_producer", "lower_node", "lowering_note", "qadd_stages", "qlinear_add"]
@@ -203,7 +207,7 @@ def _concat_reason(graph: Graph, node: Node, config: HwConfig) -> str | None:
     return None
 
 
-def _lower_concat(graph: Graph, node: Node) -> Concat:
+def _lower_concat(graph: Graph, node: Node, config: HwConfig) -> Concat:
     return Concat(node.name, tuple(node.inputs), node.outputs[0],
                   tuple(graph.value(t).shape[1] for t in node.inputs))
 
@@ -211,7 +215,7 @@ def _lower_concat(graph: Graph, node: Node) -> Concat:
 def _conv_transpose_reason(graph: Graph, node: Node, config: HwConfig) -> str | None:
     """Why the sub-pixel phases of QConvTranspose ``node`` cannot run (None: they can)."""
     try:
-        phases = conv_transpose_phases(_lower_qconv_transpose(graph, node),
+        phases = conv_transpose_phases(_lower_qconv_transpose(graph, node, config),
                                        graph.value(node.inputs[0]).shape)
     except CompileError as exc:
         return str(exc)
@@ -230,7 +234,7 @@ def lower_node(graph: Graph, node: Node, config: HwConfig) -> Op:
         raise CompileError(f"{node.op} node {node.name!r} cannot run on the accelerator: "
                            f"{reason}", op=node.name)
     if node.op in _LOWERINGS:
-        return _LOWERINGS[node.op](graph, node)
+        return _LOWERINGS[node.op](graph, node, config)
     found = match_node(graph, node, config)
     return Eltwise(node.name, found.intrinsic.lower(), node.inputs[found.value], node.outputs[0],
                    epilogue=found.stages)
@@ -303,7 +307,7 @@ def _weight_scale(node: Node) -> np.ndarray:
     return requant_scale(a["x_scale"], a["w_scale"], a["y_scale"])
 
 
-def _lower_qconv(graph: Graph, node: Node) -> Conv2d:
+def _lower_qconv(graph: Graph, node: Node, config: HwConfig) -> Conv2d:
     a = node.attrs
     w = graph.value(node.inputs[1]).data
     t, l, b, r = a["pads"]
@@ -314,7 +318,7 @@ def _lower_qconv(graph: Graph, node: Node) -> Conv2d:
                                           _folded_bias(graph, node, w)))
 
 
-def _lower_qconv_transpose(graph: Graph, node: Node) -> ConvTranspose2d:
+def _lower_qconv_transpose(graph: Graph, node: Node, config: HwConfig) -> ConvTranspose2d:
     a = node.attrs
     w = graph.value(node.inputs[1]).data
     bias = (graph.value(node.inputs[2]).data.astype(np.int64) if len(node.inputs) > 2
@@ -327,26 +331,35 @@ def _lower_qconv_transpose(graph: Graph, node: Node) -> ConvTranspose2d:
                            epilogue=_output_stages(node, _weight_scale(node), bias))
 
 
-def _lower_qgemm(graph: Graph, node: Node) -> Dense:
+def _lower_qgemm(graph: Graph, node: Node, config: HwConfig) -> Dense:
     w = graph.value(node.inputs[1]).data
     return Dense(node.name, node.inputs[0], node.outputs[0], w,
                  epilogue=_output_stages(node, _weight_scale(node), _folded_bias(graph, node, w)))
 
 
-def _lower_qmaxpool(graph: Graph, node: Node) -> Pool2d:
+def _lower_qmaxpool(graph: Graph, node: Node, config: HwConfig) -> Pool2d:
     a = node.attrs
     return Pool2d(node.name, node.inputs[0], node.outputs[0], "max",
                   kernel=tuple(a["kernel_shape"]), stride=tuple(a["strides"]),
                   padding=tuple(a["pads"]))
 
 
-def _lower_qgap(graph: Graph, node: Node) -> Conv2d:
+def _lower_qgap(graph: Graph, node: Node, config: HwConfig) -> Pool2d | Conv2d:
     a = node.attrs
     n, c, h, w = graph.value(node.inputs[0]).shape
     f32 = np.float32
     scale = f32(f32(a["x_scale"]) / (f32(a["y_scale"]) * f32(h * w)))
     stages = requantize(scale, int(a["y_zero_point"]),
                         bias=np.full(c, -int(a["x_zero_point"]) * h * w, np.int64))
+    # The sum is the ALU's (one ADD per pixel over the channel blocks), the zero point
+    # and rescale the epilogue's: a depthwise convolution of ones uses 1/16 of the GEMM
+    # core and streams its diagonal weight blocks (8x slower). The ALU's sum holds a
+    # channel block's whole plane in the accumulator; a plane too large for it stays a
+    # convolution, which tiles any plane.
+    pool = Pool2d(node.name, node.inputs[0], node.outputs[0], "sum", kernel=(h, w),
+                  epilogue=stages)
+    if pool_fits(pool, (n, c, h, w), config):
+        return pool
     return Conv2d(node.name, node.inputs[0], node.outputs[0], np.ones((c, 1, h, w), np.int8),
                   groups=c, epilogue=stages)
 

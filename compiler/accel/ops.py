@@ -12,7 +12,8 @@ Integer semantics, which the accelerator reproduces bit-exactly:
   width. :class:`ConvTranspose2d`: ``acc = conv_transpose(x - pad_value, w)``, then
   the same.
 * :class:`Pool2d`: ``max`` over the valid (unpadded) window positions, or the
-  sum of the valid positions followed by a rescale (see :class:`Pool2d`).
+  sum of the valid positions (``sum``), followed by a rescale (``avg``, see
+  :class:`Pool2d`).
 * :class:`Eltwise`: ``op(a, b)`` on the values widened to int32 (``b`` may
   broadcast, or be a constant), then the epilogue stages.
 
@@ -186,7 +187,10 @@ class Conv2d:
     ``weight`` is ``(O, I/groups, kh, kw)`` integers; ``padding`` is an int,
     ``(pad_h, pad_w)`` or ``(top, left, bottom, right)``. The padding holds
     ``pad_value`` (an input's zero point, so a zero point folded into the bias is
-    exact at the borders too).
+    exact at the borders too). ``pool``: a max pool of the convolution's output that the
+    compiler fused into its tiles (:mod:`.poolfuse`; the max of the epilogue's values,
+    saturated by the store, equals the max of the saturated ones); ``output`` is then the
+    pooled tensor (``output_shape`` stays the convolution's).
     """
 
     name: str
@@ -199,6 +203,7 @@ class Conv2d:
     groups: int = 1
     epilogue: tuple[Stage, ...] = ()
     pad_value: int = 0
+    pool: "Pool2d | None" = None
 
     def __post_init__(self) -> None:
         self.weight = np.asarray(self.weight)
@@ -340,8 +345,11 @@ class Pool2d:
     ``scale / count`` with onnxruntime's float32 rounding (``count`` = valid
     positions, or the full window with ``count_include_pad``): ``acc =
     rint(f32(sum) * f32(f32(scale) / count))``. ``scale`` is ``x_scale /
-    y_scale`` of a quantized pool (1.0 keeps the input scale). The epilogue
-    stages (e.g. :class:`AddConst` for a zero point, :class:`Clip`) follow.
+    y_scale`` of a quantized pool (1.0 keeps the input scale). ``sum`` keeps the
+    int32 sum of the valid positions (``scale`` unused): the global average pool,
+    whose zero-point correction comes before its rescale, does both in the
+    epilogue. The epilogue stages (e.g. :class:`AddConst` for a zero point,
+    :class:`Clip`) follow.
     """
 
     name: str
@@ -356,8 +364,8 @@ class Pool2d:
     epilogue: tuple[Stage, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.kind not in ("max", "avg"):
-            raise CompileError(f"pool {self.name!r}: kind must be 'max' or 'avg', not "
+        if self.kind not in ("max", "avg", "sum"):
+            raise CompileError(f"pool {self.name!r}: kind must be 'max', 'avg' or 'sum', not "
                                f"{self.kind!r}", op=self.name)
         self.kernel = _pair(self.kernel, "kernel", self.name)
         self.stride = _pair(self.kernel if self.stride is None else self.stride, "stride",

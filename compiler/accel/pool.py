@@ -1,4 +1,4 @@
-"""``tensorize_pool2d``: max and average pooling on the tensor ALU.
+"""``tensorize_pool2d``: max, sum and average pooling on the tensor ALU.
 
 Per tile, the input window region (without padding) is loaded into scratch
 accumulator rows with ``LOAD acc8``. For each kernel tap ``(ky, kx)`` one ALU
@@ -7,7 +7,10 @@ every output pixel *for which the tap is valid*: that set is a rectangle of
 output rows and columns, so padding never needs a value (zero would be wrong
 for max pooling) and the average's count is exact. A tap valid for every
 output pixel of the tile goes first, as a MOV; without one, output rows start
-as the smallest input value (max) or zero (average).
+as the smallest input value (max) or zero (sum, average). A global pool is one
+tap per input pixel, each an ADD of one row per channel block: the sums are
+row adds on the ALU, and the zero point and rescale stay in the epilogue
+(``sum``).
 
 The average then rescales by ``scale / count``: with ``count_include_pad``
 one REQUANT for the tile; otherwise the output splits into rectangles of
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tessera.config import HwConfig
 from tessera.isa import ALU_OPS, Instruction, MemType
 from tessera.isa import requant as rq
 
@@ -66,17 +70,16 @@ class _PoolLowering:
     """Per-call state of :func:`tensorize_pool2d`: the geometry, the epilogue (with the
     average's scale parameters) and, once :meth:`emit` starts, the parameter rows."""
 
-    def __init__(self, em: Emitter, op: Pool2d, inp: TensorInfo, out: TensorInfo,
-                 residuals: dict[str, TensorInfo]) -> None:
-        c = em.config
-        self.em, self.op, self.inp, self.out, self.residuals = em, op, inp, out, residuals
+    def __init__(self, config: HwConfig, op: Pool2d, in_shape: tuple[int, int, int, int]
+                 ) -> None:
+        c = self.config = config
+        self.op = op
         self.where = f"pool {op.name!r}"
-        check_acc8_layout(inp.layout, c, self.where, inp.name)
-        _, ch, self.h, self.w = inp.layout.shape
-        _, _, self.oh, self.ow = out.layout.shape
+        _, ch, self.h, self.w = in_shape
+        _, _, self.oh, self.ow = op.output_shape(in_shape)
         (self.kh, self.kw), (self.sy, self.sx), (self.pt, self.pl, _, _) = \
             op.kernel, op.stride, op.padding
-        self.in_l = ActLayout.of(inp.layout.shape, c, c.block_out)
+        self.in_l = ActLayout.of(in_shape, c, c.block_out)
         self.in_lo = -(1 << (c.out_width - 1))
         self.ep = plan_epilogue(op.epilogue, channels=ch, config=c,
                                 acc_range=self._acc_range(), where=self.where)
@@ -90,6 +93,8 @@ class _PoolLowering:
         if self.op.kind == "max":
             return in_lo, -in_lo - 1
         lo_acc, hi_acc = taps * in_lo, taps * (-in_lo - 1)
+        if self.op.kind == "sum":
+            return lo_acc, hi_acc
         return (int(np.floor(lo_acc * self.op.scale)) - 1,
                 int(np.ceil(hi_acc * self.op.scale)) + 1)
 
@@ -122,13 +127,15 @@ class _PoolLowering:
     def plan_tiles(self, threads: int) -> AluPlan:
         """The largest tiles whose ``threads`` slots fit beside the parameter rows."""
         return plan_alu_tiles(self.where, (self.in_l.nb, self.in_l.cb, self.oh, self.ow),
-                              self.em.config, threads, self.slot_rows,
+                              self.config, threads, self.slot_rows,
                               self.ep.param_rows(self.in_l.cb))
 
-    def emit(self, plan: AluPlan) -> None:
+    def emit(self, em: Emitter, inp: TensorInfo, out: TensorInfo,
+             residuals: dict[str, TensorInfo], plan: AluPlan) -> None:
         """Emit the operator: parameter rows, then per tile the pooling, the epilogue and
         the store."""
-        em, op, ep = self.em, self.op, self.ep
+        self.em, self.inp, self.out, self.residuals = em, inp, out, residuals
+        op, ep = self.op, self.ep
         em.begin_op(op.name)
         (self.param_base,), self.param_starts = emit_param_prologue(em, op.name, ep,
                                                                     self.in_l.cb)
@@ -239,8 +246,20 @@ def tensorize_pool2d(em: Emitter, op: Pool2d, inp: TensorInfo, out: TensorInfo,
                      residuals: dict[str, TensorInfo], *, threads: int = 2,
                      plan: AluPlan | None = None) -> AluPlan:
     """Emit a pooling operator (no tokens; see :mod:`.sync`)."""
-    lowering = _PoolLowering(em, op, inp, out, residuals)
+    check_acc8_layout(inp.layout, em.config, f"pool {op.name!r}", inp.name)
+    lowering = _PoolLowering(em.config, op, inp.layout.shape)
     if plan is None:
         plan = lowering.plan_tiles(threads)
-    lowering.emit(plan)
+    lowering.emit(em, inp, out, residuals, plan)
     return plan
+
+
+def pool_fits(op: Pool2d, in_shape: tuple[int, int, int, int], config: HwConfig, *,
+              threads: int = 2) -> bool:
+    """Whether ``op``'s smallest tile (one pixel of one channel block, with its input
+    window) fits ``threads`` accumulator slots beside its parameter rows."""
+    try:
+        _PoolLowering(config, op, in_shape).plan_tiles(threads)
+    except CompileError:
+        return False
+    return True

@@ -101,8 +101,9 @@ def alu_roofline(op: Pool2d | Eltwise, shapes: Mapping[str, tuple[int, int, int,
 
     Its operands reach the accumulator through the compute module's port (``LOAD acc8``;
     a pool reads only the pixels its windows touch), its output leaves through the
-    store module's. The tensor-ALU work is not part of a roofline: a 3x3 max pool runs
-    at about three times this bound on ``pynq``, its MAX operations taking the rest.
+    store module's. The tensor-ALU work is not part of a roofline: run alone, a 3x3 max
+    pool takes about three times this bound on ``pynq``, its MAX operations the rest
+    (fused into its convolution's tiles, :mod:`.poolfuse`, it moves no bytes of its own).
     """
     def nbytes(shape: tuple[int, int, int, int]) -> int:
         return int(np.prod(shape)) * config.out_width // 8

@@ -38,7 +38,7 @@ def conv2d(x: np.ndarray, op: Conv2d) -> np.ndarray:
 
 
 def pool2d(x: np.ndarray, op: Pool2d) -> np.ndarray:
-    """The int64 accumulator of a pooling operator (max, or rescaled average)."""
+    """The int64 accumulator of a pooling operator (max, sum, or rescaled average)."""
     x = np.asarray(x, dtype=np.int64)
     n, c, h, w = x.shape
     (kh, kw), (sy, sx), (t, l, _, _) = op.kernel, op.stride, op.padding
@@ -51,6 +51,8 @@ def pool2d(x: np.ndarray, op: Pool2d) -> np.ndarray:
             win = x[:, :, ys][:, :, :, xs]
             if op.kind == "max":
                 out[:, :, oy, ox] = win.max(axis=(2, 3))
+            elif op.kind == "sum":
+                out[:, :, oy, ox] = win.sum(axis=(2, 3))
             else:
                 count = kh * kw if op.count_include_pad else len(ys) * len(xs)
                 s = np.float32(np.float32(op.scale) / np.float32(count))

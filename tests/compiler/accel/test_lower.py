@@ -106,12 +106,21 @@ def test_flattened_gemm_becomes_a_convolution_over_the_image() -> None:
     assert graph.value(first.inputs[1]).shape[2:] == (4, 4)
 
 
-def test_global_average_pool_is_a_depthwise_convolution_of_ones() -> None:
-    graph, _ = _fused("small_resnet")
+def test_global_average_pool_sums_on_the_alu_where_its_plane_fits() -> None:
+    # small_resnet's 8x8 plane: pynq's accumulator holds it twice over (ALU row adds);
+    # tiny's 128 rows cannot hold two 64-row windows beside the parameters, so it stays a
+    # depthwise convolution of ones. Both give onnxruntime's result (the golden model).
+    graph, env = _fused("small_resnet")
     node = next(n for n in graph.nodes if n.op == "QGlobalAveragePool")
-    op = lower_node(graph, node, get_config("pynq"))
-    assert isinstance(op, Conv2d) and op.groups == op.weight.shape[0]
-    assert np.all(op.weight == 1)
+    plane = graph.value(node.inputs[0]).shape[2:]
+    pynq, tiny = get_config("pynq"), get_config("tiny")
+    op = lower_node(graph, node, pynq)
+    assert isinstance(op, Pool2d) and op.kind == "sum" and op.kernel == plane
+    conv = lower_node(graph, node, tiny)
+    assert isinstance(conv, Conv2d) and conv.groups == conv.weight.shape[0]
+    assert np.all(conv.weight == 1)
+    for form, cfg in ((op, pynq), (conv, tiny)):
+        np.testing.assert_array_equal(_run_alone(form, env, cfg), env[node.outputs[0]])
 
 
 @settings(max_examples=40, deadline=None)

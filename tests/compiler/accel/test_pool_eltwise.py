@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from tessera.compiler import AddConst, Clip, CompileError, Eltwise, Pool2d, Requant, Shift, clip
+from tessera.compiler import (AddConst, Bias, Clip, CompileError, Conv2d, Eltwise, Pool2d, Requant,
+                              Shift, clip)
 
 from tests.compiler.helpers import FEW, PYNQ, TINY, compile_and_run
 from tests.compiler.reference import pool, rint_scale, sat8, wrap32
@@ -97,3 +98,28 @@ def test_tensor_broadcast_over_channels_is_refused():
     with pytest.raises(CompileError, match=r"eltwise 'e': b 'b' must have the 8 channels.*"
                                            r"pass a constant"):
         compile_and_run([Eltwise("e", "add", "a", "y", "b")], {"a": a, "b": b}, TINY)
+
+
+@CONFIGS
+@FEW
+@given(data=st.data())
+def test_sum_pool_equals_a_depthwise_convolution_of_ones(config, data):
+    # The global average pool's two lowerings (tensor-ALU row adds, or a depthwise
+    # convolution of ones when the plane does not fit) share the epilogue: the sums must
+    # agree bit for bit, zero-point bias and requantization included.
+    n = data.draw(st.integers(1, 2))
+    c = data.draw(st.integers(1, 40 if config is PYNQ else 9))
+    h, w = data.draw(st.integers(1, 7)), data.draw(st.integers(1, 7 if config is PYNQ else 3))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    x = rng.integers(-128, 128, (n, c, h, w), dtype=np.int8)
+    scale = np.float32(data.draw(st.sampled_from([0.37, 0.0123, 1.0 / (h * w)])))
+    ep = (Bias(np.full(c, int(rng.integers(-128, 128)) * h * w, np.int64)), Requant(scale),
+          AddConst(data.draw(st.integers(-20, 20))), Clip(-128, 127))
+    pool = Pool2d("p", "x", "y", "sum", (h, w), epilogue=ep)
+    conv = Conv2d("p", "x", "y", np.ones((c, 1, h, w), np.int8), groups=c, epilogue=ep)
+    got, _, _ = compile_and_run([pool], {"x": x}, config)
+    want, _, _ = compile_and_run([conv], {"x": x}, config)
+    np.testing.assert_array_equal(got["y"], want["y"])
+    acc = x.astype(np.int64).sum(axis=(2, 3), keepdims=True) + ep[0].values.reshape(1, c, 1, 1)
+    expected = np.clip(rint_scale(acc, scale) + ep[2].value, -128, 127)
+    np.testing.assert_array_equal(got["y"], expected)
