@@ -14,8 +14,8 @@ from typing import Sequence
 
 from tessera import timing
 from tessera.config import HwConfig
-from tessera.isa import (Alu, Finish, Gemm, Instruction, Load, Store, check_instruction,
-                         get_isa, module_of)
+from tessera.isa import (ALU_OPS, Alu, Finish, Gemm, Instruction, Load, Store,
+                         check_instruction, get_isa, module_of)
 from tessera.errors import MissingFinishError
 
 #: Each module's previous and next module (the token-queue neighbours).
@@ -86,7 +86,9 @@ def check_program(config: HwConfig, instructions: Sequence[Instruction]) -> None
                                  f"({len(instructions)} instructions); end it with FINISH")
 
 
-_kept: OrderedDict[tuple[HwConfig, bytes], tuple[InsnFacts, ...]] = OrderedDict()
+#: Per (config, stream, ids of the registered ALU ops): the ops (held, so their ids stay
+#: unique) and the facts. The checks depend on which ALU opcodes are registered.
+_kept: OrderedDict[tuple, tuple[tuple, tuple[InsnFacts, ...]]] = OrderedDict()
 _kept_lock = threading.Lock()     # runs of several devices may start at once
 
 
@@ -95,17 +97,18 @@ def program_facts(config: HwConfig, stream: bytes,
     """The checked facts of every instruction of ``stream`` (encoded instructions; pass
     ``instructions`` when they are at hand, else the stream is decoded). Raises the
     program's :class:`~tessera.errors.ProgramError` when a rule is broken."""
-    key = (config, stream)
+    alu_ops = tuple(ALU_OPS)
+    key = (config, stream, tuple(map(id, alu_ops)))
     with _kept_lock:
-        facts = _kept.get(key)
-        if facts is not None:
+        kept = _kept.get(key)
+        if kept is not None:
             _kept.move_to_end(key)
-            return facts
+            return kept[1]
     insns = get_isa(config).decode_program(stream) if instructions is None else instructions
     check_program(config, insns)
     facts = tuple(insn_facts(config, i, insn) for i, insn in enumerate(insns))
     with _kept_lock:
-        _kept[key] = facts
+        _kept[key] = (alu_ops, facts)
         if len(_kept) > KEPT_STREAMS:
             _kept.popitem(last=False)
     return facts

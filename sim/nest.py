@@ -24,6 +24,7 @@ import numpy as np
 from tessera.config import HwConfig
 from tessera.errors import BoundsError, HazardError
 from tessera.isa import ALU_OPS, Alu, Gemm, get_isa
+from tessera.isa.intrinsics import Intrinsic
 from tessera.regmap import ErrorCode
 from tessera.timing import gemm_hazard_distance
 
@@ -109,6 +110,9 @@ class AluPlan:
     ops: int
     banks: frozenset[int]
     batches: tuple[AluBatch, ...]
+    #: The op registered for the opcode when the plan was made (its hazard distance cut the
+    #: batches); held so the plan's cache key, which names the op by ``id``, stays unique.
+    op: Intrinsic | None = None
 
 
 class NestPlanner:
@@ -121,9 +125,9 @@ class NestPlanner:
         self.isa = get_isa(config)
         self._plans = self._shared.setdefault(config, {})
 
-    def _cached(self, insn: Gemm | Alu, uops: np.ndarray,
+    def _cached(self, key_head: object, uops: np.ndarray,
                 build: Callable[[], GemmPlan | AluPlan]) -> GemmPlan | AluPlan:
-        key = (insn, uops.tobytes())
+        key = (key_head, uops.tobytes())
         plan = self._plans.get(key)
         if plan is None:
             if len(self._plans) >= MAX_PLANS:
@@ -223,15 +227,20 @@ class NestPlanner:
     # ---------------------------------------------------------------- ALU
     def alu(self, insn: Alu, uops: np.ndarray, index: int) -> AluPlan:
         """The plan of ALU ``insn`` over ``uops``; raises its bounds and hazard errors."""
-        return self._cached(insn, uops, lambda: self._alu_plan(insn, uops, index))
+        # Per registration of the opcode: a plug-in op registered again may have another
+        # latency, hence other batches.
+        op = ALU_OPS.get(insn.alu_op)
+        return self._cached((insn, id(op)), uops,
+                            lambda: self._alu_plan(insn, op, uops, index))
 
-    def _alu_plan(self, insn: Alu, uops: np.ndarray, index: int) -> AluPlan:
+    def _alu_plan(self, insn: Alu, op: Intrinsic | None, uops: np.ndarray,
+                  index: int) -> AluPlan:
         c = self.config
         dst, src, _ = self.loop_indices(insn, uops, index, with_wgt=False)
         self._check_indices(insn, index, "accumulator (dst)", dst, c.acc_depth)
         if insn.reset:
-            return AluPlan(dst.size, self._banks(dst), (AluBatch(dst.size, as_index(dst), None),))
-        op = ALU_OPS.get(insn.alu_op)
+            return AluPlan(dst.size, self._banks(dst), (AluBatch(dst.size, as_index(dst), None),),
+                           op)
         distance = op.timing.hazard_distance(insn.use_imm)
         prev = np.full(dst.size, -1, dtype=np.int64)
         if op.timing.reads_dst:
@@ -251,7 +260,7 @@ class NestPlanner:
         return AluPlan(dst.size, banks, tuple(
             AluBatch(s.stop - s.start, as_index(dst[s]),
                      None if insn.use_imm else as_index(src[s]))
-            for s in cuts if s.stop > s.start))
+            for s in cuts if s.stop > s.start), op)
 
 
 def op_position(insn: Gemm | Alu, op: int) -> str:

@@ -10,6 +10,9 @@ Fields are packed from bit 0 upwards in the order listed; instructions are
 from __future__ import annotations
 
 import dataclasses
+import functools
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterable, Mapping
@@ -40,6 +43,9 @@ PAD_VALUE_BITS = 8
 IMM_MAX_BITS = 32
 #: Below this the immediate is too narrow to be useful: the config is rejected.
 IMM_MIN_BITS = 8
+#: Decoded instruction streams an :class:`Isa` keeps: a stream is decoded by the runtime's
+#: launch check and again by the simulator it launches (instructions are immutable).
+KEPT_DECODED = 2
 
 
 @dataclass(frozen=True)
@@ -126,6 +132,8 @@ class Isa:
 
     def __init__(self, config: HwConfig) -> None:
         self.config = config
+        self._decoded: OrderedDict[bytes, tuple[Instruction, ...]] = OrderedDict()
+        self._decoded_lock = threading.Lock()
         c = config
         head = [("opcode", OPCODE_BITS)] + [(flag, 1) for flag in DEP_FLAGS]
         # Every buffer a LOAD can write must be addressable, the table memory's rows too.
@@ -169,13 +177,17 @@ class Isa:
     def uop_bytes(self) -> int:
         return self.uop_layout.bits // 8
 
-    def elem_bytes(self, mem: MemType) -> int:
-        """Bytes of one DRAM element (= one SRAM entry) of memory type ``mem``."""
+    @functools.cached_property
+    def _elem_bytes(self) -> dict[MemType, int]:
         c = self.config
         return {MemType.UOP: self.uop_bytes, MemType.INP: c.inp_entry_bytes,
                 MemType.WGT: c.wgt_entry_bytes, MemType.ACC: c.acc_entry_bytes,
                 MemType.ACC8: c.batch * c.block_out, MemType.OUT: c.out_entry_bytes,
-                MemType.TBL: c.batch * c.block_out}[MemType(mem)]
+                MemType.TBL: c.batch * c.block_out}
+
+    def elem_bytes(self, mem: MemType) -> int:
+        """Bytes of one DRAM element (= one SRAM entry) of memory type ``mem``."""
+        return self._elem_bytes[MemType(mem)]
 
     def dram_span(self, insn: Load | Store) -> tuple[int, int] | None:
         """The DRAM bytes ``[lo, hi)`` a LOAD or STORE reads or writes: ``y_size`` rows of
@@ -232,20 +244,100 @@ class Isa:
                     "(reserved memory type)", index=index, where=opcode.name,
                     code=ErrorCode.MEM_TYPE) from None
         cls = INSTRUCTION_CLASSES[opcode]
-        bool_fields = {f.name for f in dataclasses.fields(cls) if f.type in ("bool", bool)}
+        bool_fields = _bool_fields(cls)
         return cls(**{k: (bool(v) if k in bool_fields else v) for k, v in values.items()})
 
     def encode_program(self, insns: Iterable[Instruction]) -> bytes:
-        """The instruction stream as little-endian bytes, 16 per instruction."""
-        return b"".join(self.encode(insn, index=i).to_bytes(INSN_BYTES, "little")
-                        for i, insn in enumerate(insns))
+        """The instruction stream as little-endian bytes, 16 per instruction.
+
+        Equal to :meth:`encode` of each instruction, with the fields of all the
+        instructions of one kind packed at once (numpy); the first instruction with a
+        field out of range is encoded alone, which raises its :class:`EncodingError`."""
+        insns = list(insns)
+        words = np.zeros((len(insns), 2), dtype=np.uint64)      # low, high 64 bits
+        bad = len(insns)
+        for opcode, (rows, members) in _by_opcode(insns).items():
+            layout = self.layouts[opcode]
+            for f in layout.fields:
+                values = _column(members, f.name, int(opcode))
+                if values is None:                               # beyond int64
+                    bad = min(bad, rows[0])
+                    continue
+                out = np.flatnonzero((values < f.lo) | (values > f.hi))
+                if out.size:
+                    bad = min(bad, rows[out[0]])
+                _place(words, rows, values.astype(np.uint64) & np.uint64(f.mask), f.offset)
+        if bad < len(insns):
+            for i in range(bad, len(insns)):
+                self.encode(insns[i], index=i)
+        return words.astype("<u8").tobytes()
 
     def decode_program(self, data: bytes) -> list[Instruction]:
+        """The instructions of a stream of 128-bit little-endian words.
+
+        Equal to :meth:`decode` of each word, with the fields of all the words of one
+        kind extracted at once (numpy); the first malformed word (reserved opcode or
+        memory type, nonzero unused bits) is decoded alone, which raises its error. The
+        last :data:`KEPT_DECODED` streams' instructions are kept (a new list each call)."""
+        data = bytes(data)
+        with self._decoded_lock:
+            kept = self._decoded.get(data)
+            if kept is not None:
+                self._decoded.move_to_end(data)
+                return list(kept)
+        insns = self._decode_stream(data)
+        with self._decoded_lock:
+            self._decoded[data] = tuple(insns)
+            if len(self._decoded) > KEPT_DECODED:
+                self._decoded.popitem(last=False)
+        return insns
+
+    def _decode_stream(self, data: bytes) -> list[Instruction]:
         if len(data) % INSN_BYTES:
             raise EncodingError(f"instruction stream length {len(data)} is not a multiple "
                                 f"of {INSN_BYTES} bytes")
-        return [self.decode(int.from_bytes(data[i:i + INSN_BYTES], "little"), index=i // INSN_BYTES)
-                for i in range(0, len(data), INSN_BYTES)]
+        words = np.frombuffer(data, dtype="<u8").reshape(-1, 2).astype(np.uint64)
+        codes = _extract(words, Field("opcode", 0, OPCODE_BITS))
+        first_bad = self._first_malformed(words, codes)
+        if first_bad is not None:
+            word = int.from_bytes(data[first_bad * INSN_BYTES:(first_bad + 1) * INSN_BYTES],
+                                  "little")
+            self.decode(word, index=first_bad)
+            raise AssertionError(f"word {first_bad} is malformed but decodes")  # unreachable
+        insns: list[Instruction | None] = [None] * len(words)
+        for opcode in Opcode:
+            rows = np.flatnonzero(codes == opcode)
+            if rows.size:
+                for i, insn in zip(rows.tolist(), self._decode_kind(opcode, words[rows])):
+                    insns[i] = insn
+        return insns  # type: ignore[return-value]
+
+    def _first_malformed(self, words: np.ndarray, codes: np.ndarray) -> int | None:
+        """The index of the first word :meth:`decode` rejects, or None."""
+        bad = ~np.isin(codes, [int(o) for o in Opcode])
+        for opcode, layout in self.layouts.items():
+            rows = codes == opcode
+            unused = _bits_from(words, layout.used_bits) != 0
+            bad |= rows & unused
+            if "mem" in layout.names:
+                mem = _extract(words, layout.field("mem"))
+                bad |= rows & ~np.isin(mem, [int(m) for m in MemType])
+        hits = np.flatnonzero(bad)
+        return int(hits[0]) if hits.size else None
+
+    def _decode_kind(self, opcode: Opcode, words: np.ndarray) -> list[Instruction]:
+        """Instructions of kind ``opcode`` from their (well-formed) words."""
+        cls = INSTRUCTION_CLASSES[opcode]
+        bools = _bool_fields(cls)
+        fields = [f for f in self.layouts[opcode].fields if f.name != "opcode"]
+        columns = []
+        for f in fields:
+            values = _extract(words, f)
+            columns.append((values != 0).tolist() if f.name in bools else
+                           [MemType(v) for v in values.tolist()] if f.name == "mem" else
+                           values.tolist())
+        names = [f.name for f in fields]
+        return [cls(**dict(zip(names, row))) for row in zip(*columns)]
 
     # ---------------------------------------------------------------- uops
     def encode_uop(self, uop: Uop, *, index: int | None = None) -> int:
@@ -287,6 +379,68 @@ class Isa:
                 bits = f"{f.offset + f.width - 1}:{f.offset}" if f.width > 1 else f"{f.offset}"
                 lines.append(f"  {f.name:<16}{bits:>10}{f.width:>7}  [{f.lo}, {f.hi}]")
         return "\n".join(lines)
+
+
+@lru_cache(maxsize=None)
+def _bool_fields(cls: type) -> frozenset[str]:
+    """The fields of instruction class ``cls`` that hold flags."""
+    return frozenset(f.name for f in dataclasses.fields(cls) if f.type in ("bool", bool))
+
+
+def _by_opcode(insns: list[Instruction]) -> dict[Opcode, tuple[np.ndarray, list[Instruction]]]:
+    """The positions and instructions of each kind in ``insns``."""
+    groups: dict[Opcode, tuple[list[int], list[Instruction]]] = {}
+    for i, insn in enumerate(insns):
+        rows, members = groups.setdefault(insn.opcode, ([], []))
+        rows.append(i)
+        members.append(insn)
+    return {op: (np.array(rows), members) for op, (rows, members) in groups.items()}
+
+
+def _column(members: list[Instruction], name: str, opcode: int) -> np.ndarray | None:
+    """Field ``name`` of every instruction as int64 (the opcode for ``"opcode"``, 0 for a
+    field the instruction lacks, as :meth:`Layout.encode` takes it); None when a value
+    does not fit in int64 (surely out of range)."""
+    if name == "opcode":
+        return np.full(len(members), opcode, dtype=np.int64)
+    try:
+        return np.array([int(getattr(i, name, 0)) for i in members], dtype=np.int64)
+    except OverflowError:
+        return None
+
+
+def _place(words: np.ndarray, rows: np.ndarray, values: np.ndarray, offset: int) -> None:
+    """OR masked uint64 ``values`` into bits ``offset``.. of 128-bit ``words[rows]``."""
+    if offset >= 64:
+        words[rows, 1] |= values << np.uint64(offset - 64)
+        return
+    words[rows, 0] |= values << np.uint64(offset)
+    if offset:                            # the bits shifted out of the low word
+        words[rows, 1] |= values >> np.uint64(64 - offset)
+
+
+def _bits_from(words: np.ndarray, offset: int) -> np.ndarray:
+    """Bits ``offset``..127 of 128-bit words (``words``: low, high uint64 columns) as
+    uint64; only compared with zero, so the low word's part is OR-ed in."""
+    if offset >= 64:
+        return words[:, 1] >> np.uint64(offset - 64) if offset < 128 else \
+            np.zeros(len(words), dtype=np.uint64)
+    return (words[:, 0] >> np.uint64(offset)) | words[:, 1]
+
+
+def _extract(words: np.ndarray, f: Field) -> np.ndarray:
+    """Field ``f`` of 128-bit words as int64 (sign-extended when signed)."""
+    lo, hi = words[:, 0], words[:, 1]
+    if f.offset >= 64:
+        raw = hi >> np.uint64(f.offset - 64)
+    elif f.offset + f.width <= 64:
+        raw = lo >> np.uint64(f.offset)
+    else:
+        raw = (lo >> np.uint64(f.offset)) | (hi << np.uint64(64 - f.offset))
+    value = (raw & np.uint64(f.mask)).astype(np.int64)
+    if f.signed:
+        value -= (value >> (f.width - 1)) << f.width
+    return value
 
 
 @lru_cache(maxsize=64)

@@ -20,9 +20,15 @@ Every float32 step has an exact integer counterpart:
 
 The clamp bounds are integers and RNE is monotonic, so clamping before or
 after the final rounding gives the same integer. The accelerator therefore
-splits the computation into ``REQUANT`` (scale and round, saturated to int32;
-:func:`requantize`) followed by separate ``CLIP`` and ``ADD`` ops
-(:func:`requantize_to_int8` composes the three).
+splits the computation into ``REQUANT`` (scale and round, saturated to int32)
+followed by separate ``CLIP`` and ``ADD`` ops (:func:`requantize_to_int8`
+composes the three).
+
+REQUANT is defined once, in integers (:func:`requantize_integer`: the RTL's
+reference); :func:`requantize` computes the same integers with four float
+array operations, which is several times faster (see its docstring for why it
+is exact; tests/core/isa/test_requant_fast.py holds the two equal over the
+whole parameter space).
 
 A REQUANT parameter lane packs ``M | shift << 24`` into 32 bits
 (:func:`pack_params`); ``M`` takes :data:`MANTISSA_BITS` bits and the unsigned
@@ -47,6 +53,7 @@ __all__ = [
     "round_to_significant",
     "rne_shift_right",
     "requantize",
+    "requantize_integer",
     "requantize_packed",
     "onnxruntime_reference",
     "requantize_to_int8",
@@ -96,6 +103,9 @@ def _as_int64(x: npt.ArrayLike, name: str) -> np.ndarray:
 
 def _check_range(arr: np.ndarray, lo: int, hi: int, name: str,
                  allowed: str) -> None:
+    # min/max first: the mask is built only to name an offending channel.
+    if arr.size == 0 or (arr.min() >= lo and arr.max() <= hi):
+        return
     bad = (arr < lo) | (arr > hi)
     if np.any(bad):
         raise ValueError(
@@ -330,17 +340,31 @@ def rne_shift_right(x: np.ndarray, shift: np.ndarray) -> np.ndarray:
 # REQUANT op and references
 # ---------------------------------------------------------------------------
 
-def requantize(acc: npt.ArrayLike, m: npt.ArrayLike,
-               shift: npt.ArrayLike) -> np.ndarray:
-    """The accelerator's REQUANT op: ``rint(f32(acc) * scale)``, bit-exact.
+def _requant_operands(acc: npt.ArrayLike, m: npt.ArrayLike, shift: npt.ArrayLike
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """REQUANT's operands as int64 arrays, each checked against its field's range."""
+    a = _as_int64(acc, "acc")
+    m64 = _as_int64(m, "M")
+    s64 = _as_int64(shift, "shift")
+    _check_range(a, INT32_MIN, INT32_MAX, "acc", "int32 values")
+    _check_range(m64, 0, _M_LIMIT - 1, "M", f"0..{_M_LIMIT - 1}")
+    _check_range(s64, 0, _SHIFT_MAX, "shift", f"0..{_SHIFT_MAX}")
+    return a, m64, s64
 
-    Computes ``rne_shift_right(round24(round24(acc) * M), shift)`` saturated
-    to the int32 range, where ``round24`` is :func:`round_to_significant`
-    with 24 bits. For ``scale = M * 2**-shift`` (see :func:`scale_to_params`)
-    this equals the float32 computation ``np.rint(np.float32(acc) * scale)``
-    (saturated), including ties and accumulators >= 2**24 that float32
-    cannot hold exactly. No clamp to the output type and no zero point: those
-    are the separate CLIP and ADD ops.
+
+def requantize_integer(acc: npt.ArrayLike, m: npt.ArrayLike,
+                       shift: npt.ArrayLike) -> np.ndarray:
+    """The definition of the accelerator's REQUANT op, in integer operations only.
+
+    ``rne_shift_right(round24(round24(acc) * M), shift)`` saturated to the
+    int32 range, where ``round24`` is :func:`round_to_significant` with 24
+    bits. For ``scale = M * 2**-shift`` (see :func:`scale_to_params`) this
+    equals the float32 computation ``np.rint(np.float32(acc) * scale)``
+    (saturated), including ties and accumulators >= 2**24 that float32 cannot
+    hold exactly. No clamp to the output type and no zero point: those are the
+    separate CLIP and ADD ops. :func:`requantize` computes the same integers
+    faster; this form is the reference it is tested against (and the one an
+    RTL implementation follows).
 
     Args:
         acc: int32-valued accumulators (any integer dtype).
@@ -354,15 +378,43 @@ def requantize(acc: npt.ArrayLike, m: npt.ArrayLike,
         ValueError: ``acc`` outside int32, ``m`` or ``shift`` out of range.
         TypeError: non-integer inputs.
     """
-    a = _as_int64(acc, "acc")
-    m64 = _as_int64(m, "M")
-    s64 = _as_int64(shift, "shift")
-    _check_range(a, INT32_MIN, INT32_MAX, "acc", "int32 values")
-    _check_range(m64, 0, _M_LIMIT - 1, "M", f"0..{_M_LIMIT - 1}")
-    _check_range(s64, 0, _SHIFT_MAX, "shift", f"0..{_SHIFT_MAX}")
+    a, m64, s64 = _requant_operands(acc, m, shift)
     # |round24(acc)| <= 2**31 and M < 2**24, so the product stays below 2**55.
     prod = round_to_significant(a, MANTISSA_BITS) * m64
     y = rne_shift_right(round_to_significant(prod, MANTISSA_BITS), s64)
+    return np.clip(y, INT32_MIN, INT32_MAX).astype(np.int64)
+
+
+#: ``2**-shift`` for every shift the field holds: exact float64 powers of two
+#: (the smallest, 2**-255, is far above float64's normal minimum 2**-1022).
+_POW2_NEG = np.ldexp(1.0, -np.arange(_SHIFT_MAX + 1))
+
+
+def requantize(acc: npt.ArrayLike, m: npt.ArrayLike,
+               shift: npt.ArrayLike) -> np.ndarray:
+    """The accelerator's REQUANT op: ``rint(f32(acc) * scale)``, bit-exact.
+
+    Returns exactly :func:`requantize_integer` (the definition; same
+    arguments, result and errors), computed in floating point, where each
+    integer step has an exact float image:
+
+    * ``round24(acc)``: int32 -> float64 is exact, float64 -> float32 is one
+      RNE rounding to 24 significant bits (no overflow, no subnormals).
+    * ``round24(acc) * M``: a 24-bit by a 24-bit significand is at most 48
+      bits, exact in float64 (53 bits); ``|product| < 2**55``.
+    * ``round24(...)`` of it: float64 -> float32, again one RNE rounding.
+    * ``rne_shift_right(p, shift)``: ``p * 2**-shift`` is exact in float64
+      (a nonzero ``|p| >= 1`` stays >= 2**-255, a normal float64) and
+      ``np.rint`` rounds half to even, symmetric in the sign like the
+      integer shift of the magnitude.
+
+    ``|result| <= 2**55`` converts to int64 exactly before the int32
+    saturation.
+    """
+    a, m64, s64 = _requant_operands(acc, m, shift)
+    acc24 = a.astype(np.float64).astype(np.float32)
+    prod24 = (acc24 * m64.astype(np.float64)).astype(np.float32)
+    y = np.rint(prod24 * _POW2_NEG[s64])
     return np.clip(y, INT32_MIN, INT32_MAX).astype(np.int64)
 
 
