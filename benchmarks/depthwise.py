@@ -19,7 +19,9 @@ layers <= 2.0x their bound.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -29,8 +31,10 @@ from tessera.compiler import Conv2d, compile_ops, requantize, zoo
 from tessera.compiler.accel.depthwise import depthwise_floors, pixel_blocks
 from tessera.compiler.golden.operators import run_reference
 from tessera.config import get_config
-from tessera.isa import ALU_OPS, Alu, Gemm
 from tessera.sim import simulate
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from resnet_layers import unit_work  # noqa: E402  (a sibling script)
 
 TARGET = 2.0
 OPTIONS = ("gemm_diagonal", "alu_split", "alu_mac", "toeplitz", "line_buffer")
@@ -58,18 +62,6 @@ def depthwise_layers(model: onnx.ModelProto) -> list[tuple[str, Conv2d, tuple[in
                     epilogue=requantize(scale, relu=True, bias=rng.integers(-2000, 2000, c)))
         layers.append((node.name, op, shapes[node.input[0]]))
     return layers
-
-
-def unit_work(program) -> tuple[int, int]:
-    """GEMM operations, and ALU rows x initiation interval, of ``program``."""
-    gemm = alu = 0
-    for insn in program.instructions:
-        if isinstance(insn, Gemm):
-            gemm += insn.op_count
-        elif isinstance(insn, Alu):
-            ii = 1 if insn.reset else ALU_OPS.get(insn.alu_op).timing.ii(insn.use_imm)
-            alu += insn.op_count * ii
-    return gemm, alu
 
 
 def main() -> None:

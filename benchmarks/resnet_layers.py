@@ -48,9 +48,9 @@ def layer(name: str, rng: np.random.Generator) -> tuple[Conv2d, np.ndarray]:
     return op, x
 
 
-def compute_work(program) -> int:
-    """Cycles of the busier compute unit at its operations' initiation intervals (no
-    drains): GEMM operations on the GEMM unit, ALU rows x ii on the ALU unit."""
+def unit_work(program) -> tuple[int, int]:
+    """Cycles of each compute unit at its operations' initiation intervals (no drains):
+    GEMM operations on the GEMM unit, ALU rows x ii on the ALU unit."""
     gemm = alu = 0
     for insn in program.instructions:
         if isinstance(insn, Gemm):
@@ -58,7 +58,12 @@ def compute_work(program) -> int:
         elif isinstance(insn, Alu):
             ii = 1 if insn.reset else ALU_OPS.get(insn.alu_op).timing.ii(insn.use_imm)
             alu += insn.op_count * ii
-    return max(gemm, alu)
+    return gemm, alu
+
+
+def compute_work(program) -> int:
+    """Cycles of the busier compute unit (:func:`unit_work`)."""
+    return max(unit_work(program))
 
 
 def main() -> None:
