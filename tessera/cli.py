@@ -101,10 +101,12 @@ def _compile(args: argparse.Namespace):
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
-    from .runtime.aot import prebuild    # CPU kernels compiled ahead of time into the .tsr
+    from .runtime.aot import prebuild, resolve_targets   # CPU kernels ahead of time
+    # Checked before the compile, which can take minutes: the config and the CPU targets.
+    targets = resolve_targets(args.cpu_targets or ("host", "board"), get_config(args.config))
     model = _compile(args)
     with contextlib.closing(_StageProgress(f"compiling {Path(args.model).name}")) as bar:
-        objects = prebuild(model.compiled, args.cpu_targets or ("host", "board"), bar)
+        objects = prebuild(model.compiled, targets, bar)
     out = Path(args.output or Path(args.model).with_suffix(".tsr"))
     model.save(out, cpu_targets=())       # prebuilt above, as --cpu-targets asked
     c = model.compiled
