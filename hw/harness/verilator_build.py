@@ -35,6 +35,7 @@ from pathlib import Path
 from tessera.cache import cache_dir as tessera_cache_dir
 from tessera.config import HwConfig
 from tessera.errors import RtlSimError
+from tessera.progress import StageLines
 from tessera.regmap import AxiPort, axi_ports
 
 from .verilator_sources import SIM_TOP, TOP, digest, sim_top_source, source_key
@@ -434,17 +435,20 @@ class _Build:
         """Build into a temporary directory under ``root``, then rename it to ``final``."""
         started = time.monotonic()
         work = Path(tempfile.mkdtemp(prefix=".build-", dir=root))
+        # Stage lines: a pynq build is silent for a minute otherwise.
+        lines = StageLines(f"building the RTL simulation of config {self.config.name!r} "
+                           "(cached afterwards)", enabled=False if self.quiet else None)
         try:
             src, obj, out = work / "src", work / "obj", work / "out"
             self._write_sources(src)
-            self._stage("Verilator: Verilog to C++", started)
-            self._verilate(src, obj)
-            runtime = _RuntimeObjects(root, self.tc, self.make_vars, obj)
-            runtime.restore(obj)
-            self._stage(f"compiling the C++ ({self.jobs} jobs)", started)
-            self._make(obj)
-            runtime.save(obj)
-            self._stage("done", started)
+            with lines:
+                lines.stage("Verilator: Verilog to C++")
+                self._verilate(src, obj)
+                runtime = _RuntimeObjects(root, self.tc, self.make_vars, obj)
+                runtime.restore(obj)
+                lines.stage(f"compiling the C++ ({self.jobs} jobs)")
+                self._make(obj)
+                runtime.save(obj)
             self._install(obj, out, {
                 "config": self.config.name, "key": key_data,
                 "seconds": round(time.monotonic() - started, 2),
@@ -454,13 +458,6 @@ class _Build:
             self._rename(out, final)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-
-    def _stage(self, what: str, started: float) -> None:
-        """A progress line on stderr: a pynq build is silent for minutes otherwise."""
-        if not self.quiet:
-            print(f"building the RTL simulation of config {self.config.name!r} (cached "
-                  f"afterwards), {time.monotonic() - started:.0f} s: {what}", file=sys.stderr,
-                  flush=True)
 
     def _write_sources(self, src: Path) -> None:
         """The Verilog, the harness and its generated port bindings, in ``src``."""
