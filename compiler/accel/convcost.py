@@ -9,6 +9,7 @@ kept (:func:`cached_conv_plans`).
 from __future__ import annotations
 
 import math
+from contextlib import suppress
 from dataclasses import replace
 
 from tessera import timing
@@ -111,12 +112,11 @@ class ConvCostModel:
         hazard = timing.gemm_hazard_distance()
         if (g.blocks.is_dense and g.gb.slope is not None and terms == ob_n * j_n * g.khkw
                 and tile_replicas(config, g, nb_n, ob_n, t.pixels) == 1):
-            try:
+            # A nest that does not map (too many uops) is priced by the estimate below.
+            with suppress(CompileError):
                 return len(map_nest(gemm_dense_dims(g, t, it, j_n), (0, 0, 0), kind="gemm",
                                     isa=get_isa(config), distance=hazard,
                                     max_uops=config.uop_depth).uops)
-            except CompileError:
-                pass
         return terms * (1 if t.rows >= hazard else nb_n * t.pixels)
 
     def side_costs(self, nb_n: int, ob_n: int, px: int, r: int) -> tuple:
