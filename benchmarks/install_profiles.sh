@@ -6,7 +6,7 @@
 set -u
 cd "$(dirname "$0")/.."
 profiles=("$@")
-[ ${#profiles[@]} -eq 0 ] && profiles=(core sim board hw pynq dev)
+[ ${#profiles[@]} -eq 0 ] && profiles=(core sim board hw pynq dse dev)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 python3 -m venv "$work/empty"

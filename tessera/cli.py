@@ -21,6 +21,7 @@ from .cli_hetero import add_hetero_commands, board_args, host_args, write_board_
 from .cli_hw import add_hw_commands
 from .cli_inputs import calibration_samples, input_feeds, input_ranks, parse_shapes, random_feeds
 from .cli_output import third_party_output, verbose_arg
+from .cli_dse import add_dse_commands
 from .cli_zoo import add_zoo_commands
 from .config import DEFAULT_PRESET, PRESETS, get_config
 from .errors import CLI, TesseraError
@@ -359,6 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_hetero_commands(sub)
     add_compress_commands(sub)
     add_zoo_commands(sub)
+    add_dse_commands(sub)
     return parser
 
 

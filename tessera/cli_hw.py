@@ -124,16 +124,13 @@ def _resource_report(config: HwConfig, part: str,
     _require_hw()
     from .hw.harness.verilator_build import source_key
     from .hw.synth import export, resource_cache
-    from .hw.synth.resources import synthesize
-    key = resource_cache.cache_key(source_key(config), export.TOP_NAME, part)
+    key = resource_cache.cache_key(source_key(export.design_config(config)), export.TOP_NAME,
+                                   part)
     report = None if no_cache else resource_cache.load(key)
     if report is not None:
         return report, True
     with StageLines(f"hw resources {config.name!r} on {part}") as lines:
-        verilog = export.verilog(config, lines.stage)
-        report = synthesize(verilog, export.TOP_NAME, part,
-                            progress=lambda stage: lines.stage(f"yosys {stage}"))
-    resource_cache.store(key, report)
+        report = resource_cache.synthesize_and_store(config, part, key, lines.stage)
     return report, False
 
 

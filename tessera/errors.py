@@ -218,3 +218,8 @@ class StructureError(TesseraError, ValueError):
 
 class TimelineError(TesseraError, ValueError):
     """A timeline that cannot be drawn: no trace recorded, a bad span, too narrow an image."""
+
+
+class DseError(TesseraError, ValueError):
+    """A design-space sweep that cannot run as given: an axis naming no config field, a
+    model that cannot be read, a results file of another sweep."""

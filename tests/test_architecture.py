@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"tessera": "tessera", "sim": "tessera.sim", "hw": "tessera.hw",
             "compiler": "tessera.compiler", "runtime": "tessera.runtime",
             "recursive": "tessera.recursive", "compress": "tessera.compress",
-            "bitstreams": "tessera.bitstreams", "plugins": "tessera.plugins"}
+            "dse": "tessera.dse", "bitstreams": "tessera.bitstreams", "plugins": "tessera.plugins"}
 
 #: Layer -> the layers it may import (besides itself). docs/architecture.md states the rule:
 #: core <- sim, hw, compiler <- runtime <- CLI, and inside the compiler
@@ -48,6 +48,10 @@ ALLOWED = {
     # Model compression (pruning float ONNX models to block or N:M patterns): works on ONNX
     # files with onnxruntime as the error yardstick; reads the block geometry from the core.
     "compress": {"core", "compiler.frontend"},
+    # Design-space exploration: compiles and simulates models (through tessera.compile and
+    # the runtime), synthesizes configs (hw/synth, keyed by hw/harness's source key), and
+    # draws with the runtime's PNG toolkit; nothing imports it but the entry points.
+    "dse": {"core", "compiler.frontend", "runtime", "hw.synth", "hw.harness"},
     # Intrinsic plug-ins sit beside the layers they extend and are loaded only through the
     # tessera.intrinsics entry points (or the hook references they register): no layer
     # imports them.
@@ -57,7 +61,7 @@ ALLOWED = {
 #: their own), and ``tessera.compile``/``tessera.load`` (lazy imports in the core
 #: package's ``__init__``).
 ENTRY_POINTS = {"tessera", "tessera.cli", "tessera.cli_hetero", "tessera.cli_compress",
-                "tessera.cli_hw", "tessera.cli_zoo"}
+                "tessera.cli_hw", "tessera.cli_zoo", "tessera.cli_dse"}
 
 #: Modules allowed past MAX_MODULE_LINES, with the reason.
 LONG_MODULES: dict[str, str] = {}
@@ -102,7 +106,7 @@ def layer(module: str) -> str:
     """The layer of a dotted module name: ``core``, ``sim``, ``compiler.accel``, ..."""
     parts = module.split(".")[1:]
     if not parts or parts[0] not in ("sim", "hw", "compiler", "runtime", "recursive", "compress",
-                                     "bitstreams", "plugins"):
+                                     "dse", "bitstreams", "plugins"):
         return "core"
     if parts[0] == "compiler" and len(parts) > 1:
         sub = parts[1]

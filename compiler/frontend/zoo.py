@@ -420,12 +420,14 @@ def parameter_count(model: onnx.ModelProto) -> int:
 
 def mac_count(model: onnx.ModelProto) -> int:
     """Multiply-accumulates of one forward pass: its Conv, (``transB=1``) Gemm and LSTM
-    nodes (an LSTM's gate matrix products, not its elementwise gate arithmetic)."""
+    nodes (an LSTM's gate matrix products, not its elementwise gate arithmetic), in a
+    float model or its QDQ form."""
     inferred = onnx.shape_inference.infer_shapes(model)
     shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
               for v in [*inferred.graph.value_info, *inferred.graph.input,
                         *inferred.graph.output]}
-    weights = {t.name: list(t.dims) for t in model.graph.initializer}
+    # a weight's shape from its initializer, or (a QDQ model's dequantized weight) inferred
+    weights = {**shapes, **{t.name: list(t.dims) for t in model.graph.initializer}}
     total = 0
     for node in model.graph.node:
         if node.op_type in ("Conv", "Gemm"):

@@ -23,6 +23,13 @@ from ..accelerator import Accelerator
 
 TOP_NAME = "tessera_top"
 
+#: HwConfig fields the RTL reads only through the CONFIG_ID register's constant (a CRC of
+#: the whole config): the config's name, the part it is placed on, and what the simulator
+#: assumes of the world around the design (its clock, the DRAM's latency and bandwidth).
+#: :func:`design_config` sets them to the defaults' values, so configs that differ only
+#: in them share one synthesis (a sweep over the clock, say).
+NON_DESIGN_FIELDS = ("name", "part", "clock_mhz", "dram_latency", "ddr_bytes_per_cycle")
+
 #: The stages :func:`verilog` reports, in order (on ``pynq`` the export takes over a minute,
 #: most of it in the RTLIL conversion).
 EXPORT_STAGES = ("elaborating the design", "converting to RTLIL", "writing Verilog with yosys")
@@ -52,6 +59,13 @@ class _Top(Elaboratable):
         for port, value, is_output in self.flat:
             m.d.comb += port.eq(value) if is_output else value.eq(port)
         return m
+
+
+def design_config(config: HwConfig) -> HwConfig:
+    """``config`` with the fields the RTL does not read (:data:`NON_DESIGN_FIELDS`) at
+    their defaults: the same Verilog, a key shared by every config that has it."""
+    default = HwConfig()
+    return config.replace(**{name: getattr(default, name) for name in NON_DESIGN_FIELDS})
 
 
 def verilog(config: HwConfig, progress: Callable[[str], None] | None = None) -> str:

@@ -15,12 +15,15 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 from tessera.cache import cache_dir
+from tessera.config import HwConfig
 
+from . import export, resources
 from .resources import ResourceReport, count_resources, family_of, synth_script, yosys_version
 
-__all__ = ["cache_key", "load", "store"]
+__all__ = ["cache_key", "load", "store", "synthesize_and_store"]
 
 #: Bumped whenever what an entry holds changes.
 _FORMAT = 1
@@ -59,3 +62,15 @@ def store(key: str, report: ResourceReport) -> Path:
         json.dump(entry, f)
     os.replace(tmp, path)
     return path
+
+
+def synthesize_and_store(config: HwConfig, part: str, key: str,
+                         progress: Callable[[str], None] | None = None) -> ResourceReport:
+    """Synthesize ``config``'s design (:func:`~.export.design_config`) for ``part`` and keep
+    the report under ``key``; ``progress`` gets the export's and yosys's stages."""
+    stage = progress or (lambda text: None)
+    verilog = export.verilog(export.design_config(config), stage)
+    report = resources.synthesize(verilog, export.TOP_NAME, part,
+                                  progress=lambda name: stage(f"yosys {name}"))
+    store(key, report)
+    return report

@@ -1,0 +1,93 @@
+"""What one sweep job measures, run in a Ray worker (or in-process): a point's resources
+from yosys, or one model compiled for a point and run on the cycle-level simulator.
+
+Both return plain JSON-able dicts, the rows of the results file. A job that fails on its
+input (a model the config cannot compile, say) returns ``{"error": ...}``: that is a
+result, kept like any other, where a worker lost mid-job is retried by Ray.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from tessera.config import HwConfig
+from tessera.errors import PYTHON, TesseraError
+
+__all__ = ["ModelSpec", "RESOURCES", "design_key", "evaluate_model", "evaluate_resources",
+           "run_job"]
+
+#: The job name of a point's synthesis; a model's job is named by the model.
+RESOURCES = "resources"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model as every job of a sweep runs it: its int8 QDQ ONNX bytes, the input feed
+    and its MACs (for the compute floor). ``digest`` identifies the model's bytes."""
+
+    name: str
+    qdq: bytes
+    feed: Mapping[str, np.ndarray]
+    macs: int
+    digest: str
+
+
+def design_key(config: HwConfig, part: str) -> str:
+    """The yosys resource cache's key of ``config``'s design on ``part`` (the design's
+    sources, the part, yosys): the same for every config with the same Verilog."""
+    from tessera.hw.harness.verilator_sources import source_key
+    from tessera.hw.synth import export, resource_cache
+    return resource_cache.cache_key(source_key(export.design_config(config)),
+                                    export.TOP_NAME, part)
+
+
+def evaluate_resources(config: HwConfig, part: str) -> dict[str, Any]:
+    """``config``'s resources on ``part`` from the yosys cache, or from a new synthesis
+    (kept in the cache): used and available per resource, fits, seconds spent."""
+    from tessera.hw.synth import resource_cache
+    t0 = time.perf_counter()
+    key = design_key(config, part)
+    report = resource_cache.load(key)
+    cached = report is not None
+    if report is None:
+        report = resource_cache.synthesize_and_store(config, part, key)
+    used = {k: u for k, (u, _) in report.rows().items()}
+    return {"used": used, "available": {k: a for k, (_, a) in report.rows().items()},
+            "fits": report.fits, "cached": cached, "seconds": time.perf_counter() - t0}
+
+
+def evaluate_model(config: HwConfig, spec: ModelSpec, host: str | None) -> dict[str, Any]:
+    """``spec`` compiled for ``config`` and run once on the simulator: accelerator cycles,
+    the projected latency on the board (``host``'s CPU model for the layers placed on the
+    CPU), GEMM utilisation, cycles over the compute floor, and where the time went."""
+    import tessera
+    t0 = time.perf_counter()
+    model = tessera.compile(spec.qdq, config, host=host)
+    t1 = time.perf_counter()
+    try:
+        # no event trace: a sweep keeps the figures, not the timeline
+        _, profile = model.run(dict(spec.feed), device=model.device("sim", trace=False))
+    finally:
+        model.close()
+    floor = spec.macs / config.peak_macs_per_cycle
+    return {"cycles": profile.accel_cycles, "latency_ms": profile.latency_seconds * 1e3,
+            "accel_ms": profile.accel_seconds * 1e3,
+            "gemm_utilisation": profile.gemm_utilisation,
+            "floor_ratio": profile.accel_cycles / floor if floor else None,
+            "compile_s": t1 - t0, "sim_s": time.perf_counter() - t1}
+
+
+def run_job(job: str, config: HwConfig, part: str, spec: ModelSpec | None,
+            host: str | None) -> dict[str, Any]:
+    """One job of a sweep: :data:`RESOURCES` or a model's run. A :class:`TesseraError`
+    (the config refuses the model, the synthesis fails) is returned as the row's error."""
+    try:
+        if job == RESOURCES:
+            return evaluate_resources(config, part)
+        assert spec is not None and spec.name == job
+        return evaluate_model(config, spec, host)
+    except TesseraError as exc:
+        return {"error": exc.describe(PYTHON)}
