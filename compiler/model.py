@@ -44,6 +44,7 @@ from tessera.hostmodel import HostModel, get_host_model
 from tessera.modelfile import ModelFile
 
 from .accel.build import CompiledProgram, compile_ops
+from .accel.simtune import SimTuner
 from .cpu.lower import CpuStep
 from .cpu.objects import read_cpu_objects, write_cpu_objects
 from .accel.ops import Concat, Conv2d, ConvTranspose2d, Dense, Op, Pool2d, Residual
@@ -245,7 +246,8 @@ def compile_model(model: Any, config: HwConfig | str | None = None, *,
                   force_cpu: Sequence[str] = (), host=None,
                   progress: Progress | None = None, activations: str = "exact",
                   pieces: int | None = None, tolerance: float | None = None,
-                  placement: str = "dp", skip_zero_blocks: bool = True) -> CompiledModel:
+                  placement: str = "dp", skip_zero_blocks: bool = True,
+                  tune: str = "model") -> CompiledModel:
     """Compile an ONNX model (``ModelProto``, path or bytes) for ``config``.
 
     A float model needs ``calibration`` (a list of input feeds) to be quantized; an int8
@@ -262,7 +264,9 @@ def compile_model(model: Any, config: HwConfig | str | None = None, *,
     inputs' distribution on the calibration data. ``skip_zero_blocks`` (default): weight
     blocks of zeros (a pruned model's, :mod:`tessera.compress`) are neither stored,
     loaded nor multiplied on the accelerator; False runs every layer densely (the same
-    results, for comparison).
+    results, for comparison). ``tune="sim"`` checks each convolution's tiling on the
+    simulator and lets it choose where the cost model is off (:mod:`.accel.simtune`; slower
+    to compile; ``stats["tuning"]`` says how often); ``"model"`` (default) trusts the model.
     """
     from .placement.partition import check_strategy
 
@@ -276,20 +280,32 @@ def compile_model(model: Any, config: HwConfig | str | None = None, *,
     # A bad host model or strategy is an error before any long work starts.
     hostmodel = get_host_model(host, cfg.name)
     check_strategy(placement)
+    accel = {"skip_zero_blocks": skip_zero_blocks, "tuner": _tuner(tune)}
     graph, reference = import_quantized(model, input_shapes, calibration, report)
     fuse_integer_nodes(graph)
     if activations == "approximate":
         approximate_activations(graph, cfg, reference, calibration, pieces, tolerance)
     placements, steps, runs = place_and_compile(graph, cfg, hostmodel, force_cpu, report,
-                                                placement, skip_zero_blocks)
+                                                placement, accel)
     counts = {t: sum(p.target == t for p in placements) for t in ("accelerator", "cpu", "view")}
     compiled = CompiledModel(cfg, _signatures(graph, graph.inputs),
                              _signatures(graph, graph.outputs), steps, placements, graph.name,
                              time.perf_counter() - t0,
-                             {"nodes": counts, "segments": len(runs)}, reference,
+                             {"nodes": counts, "segments": len(runs),
+                              **({"tuning": accel["tuner"].summary()} if accel["tuner"]
+                                 else {})}, reference,
                              recurrent_state(graph), hostmodel)
     report("done", 1, 1)
     return compiled
+
+
+def _tuner(tune: str) -> SimTuner | None:
+    """The tiling tuner ``tune`` names: ``"sim"`` a :class:`~.accel.simtune.SimTuner`,
+    ``"model"`` none (the cost model alone)."""
+    if tune not in ("model", "sim"):
+        raise CompileError(f"tune must be 'model' or 'sim', not {tune!r}",
+                           fix={CLI: "--tune model or --tune sim"})
+    return SimTuner() if tune == "sim" else None
 
 
 def approximate_activations(graph, config: HwConfig, reference, calibration,
@@ -440,7 +456,8 @@ def fuse_integer_nodes(graph) -> None:
 
 
 def place_and_compile(graph, config: HwConfig, host, force_cpu: Sequence[str],
-                      report: Progress, strategy: str = "dp", skip_zero_blocks: bool = True):
+                      report: Progress, strategy: str = "dp",
+                      accel: Mapping[str, Any] | None = None):
     """Stages 3 and 4 (placement by ``strategy``, see
     :func:`~.placement.partition.place_nodes`, then each backend):
     ``(placements, steps, segments)``.
@@ -448,8 +465,8 @@ def place_and_compile(graph, config: HwConfig, host, force_cpu: Sequence[str],
     A node the accelerator supports but whose tensors do not fit the config's buffers
     (e.g. too many channels' parameters for a small accumulator) falls back to the CPU and
     the placement says so. Only what the fallback changed is compiled again: segments and
-    CPU steps are kept by their nodes across the retries. ``skip_zero_blocks``: see
-    :func:`compile_model`.
+    CPU steps are kept by their nodes across the retries. ``accel``: options for each
+    segment's :func:`~.accel.build.compile_ops` (``skip_zero_blocks``, ``tuner``).
     """
     from .placement.partition import place_nodes
 
@@ -464,7 +481,7 @@ def place_and_compile(graph, config: HwConfig, host, force_cpu: Sequence[str],
                 p.reason = misfits[p.node]
         try:
             steps, runs = _compile_steps(graph, placements, config, report, compiled,
-                                         skip_zero_blocks)
+                                         accel or {})
             return placements, steps, runs
         except CompileError as exc:
             on_accel = {p.node for p in placements if p.target == "accelerator"}
@@ -489,7 +506,7 @@ class _StepCache:
 
 
 def _compile_steps(graph, placements, config: HwConfig, report: Progress,
-                   cache: _StepCache, skip_zero_blocks: bool = True):
+                   cache: _StepCache, accel: Mapping[str, Any]):
     """The steps of a placed graph: a program per accelerator segment, CPU kernels for the
     other nodes, in graph order."""
     from .cpu.lower import lower_node_to_cpu
@@ -520,7 +537,7 @@ def _compile_steps(graph, placements, config: HwConfig, report: Progress,
         key = tuple(n.name for n in runs[k])
         if key not in cache.segments:
             cache.segments[key] = _compile_segment(graph, runs[k], config, readers, on_op,
-                                                   skip_zero_blocks)
+                                                   accel)
         else:
             done[0] += len(key)
         steps.append(replace(cache.segments[key], name=f"accel{k}"))
@@ -539,7 +556,7 @@ def _readers_after(graph) -> dict[str, list[int]]:
 
 
 def _compile_segment(graph, nodes, config: HwConfig, readers: dict[str, list[int]],
-                     on_op, skip_zero_blocks: bool = True) -> AccelStep:
+                     on_op, accel: Mapping[str, Any]) -> AccelStep:
     """Lower a run of accelerator nodes, each into the epilogue of its producer where an
     intrinsic pattern allows (residual adds, lookups), and compile one program."""
     from .accel.lower import fuse_into_producer, lower_node
@@ -563,7 +580,7 @@ def _compile_segment(graph, nodes, config: HwConfig, readers: dict[str, list[int
                     if any(r == -1 or r > last for r in readers.get(op.output, [])))
     shapes = {t: graph.value(t).shape for t in (*inputs, *outputs)}
     program = compile_ops(ops, {t: shapes[t] for t in inputs}, config, outputs=list(outputs),
-                          on_op=on_op, skip_zero_blocks=skip_zero_blocks)
+                          on_op=on_op, **accel)
     layers = [_layer_info(op, members[op.name], program, graph) for op in ops]
     return AccelStep("", program, inputs, outputs, layers, shapes)
 

@@ -59,13 +59,16 @@ def evaluate_resources(config: HwConfig, part: str) -> dict[str, Any]:
             "fits": report.fits, "cached": cached, "seconds": time.perf_counter() - t0}
 
 
-def evaluate_model(config: HwConfig, spec: ModelSpec, host: str | None) -> dict[str, Any]:
-    """``spec`` compiled for ``config`` and run once on the simulator: accelerator cycles,
-    the projected latency on the board (``host``'s CPU model for the layers placed on the
-    CPU), GEMM utilisation, cycles over the compute floor, and where the time went."""
+def evaluate_model(config: HwConfig, spec: ModelSpec, host: str | None,
+                   tune: str = "model") -> dict[str, Any]:
+    """``spec`` compiled for ``config`` (tilings chosen by ``tune``, see
+    :func:`tessera.compile`) and run once on the simulator: accelerator cycles, the
+    projected latency on the board (``host``'s CPU model for the layers placed on the
+    CPU), GEMM utilisation, cycles over the compute floor, the tuner's summary, and where
+    the time went."""
     import tessera
     t0 = time.perf_counter()
-    model = tessera.compile(spec.qdq, config, host=host)
+    model = tessera.compile(spec.qdq, config, host=host, tune=tune)
     t1 = time.perf_counter()
     try:
         # no event trace: a sweep keeps the figures, not the timeline
@@ -77,17 +80,18 @@ def evaluate_model(config: HwConfig, spec: ModelSpec, host: str | None) -> dict[
             "accel_ms": profile.accel_seconds * 1e3,
             "gemm_utilisation": profile.gemm_utilisation,
             "floor_ratio": profile.accel_cycles / floor if floor else None,
+            "tuning": model.compiled.stats.get("tuning"),
             "compile_s": t1 - t0, "sim_s": time.perf_counter() - t1}
 
 
 def run_job(job: str, config: HwConfig, part: str, spec: ModelSpec | None,
-            host: str | None) -> dict[str, Any]:
+            host: str | None, tune: str = "model") -> dict[str, Any]:
     """One job of a sweep: :data:`RESOURCES` or a model's run. A :class:`TesseraError`
     (the config refuses the model, the synthesis fails) is returned as the row's error."""
     try:
         if job == RESOURCES:
             return evaluate_resources(config, part)
         assert spec is not None and spec.name == job
-        return evaluate_model(config, spec, host)
+        return evaluate_model(config, spec, host, tune)
     except TesseraError as exc:
         return {"error": exc.describe(PYTHON)}

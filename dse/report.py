@@ -75,6 +75,23 @@ def _resource_cells(r: PointResult) -> list[str]:
     return cells + ["yes" if r.fits else "NO"]
 
 
+def _tuning_lines(sweep: Sweep) -> list[str]:
+    """How often the simulator overruled the tiling cost model, per model (``tune="sim"``)."""
+    lines = []
+    for m in sweep.models:
+        runs = [r.models[m]["tuning"] for r in sweep.results
+                if r.models.get(m, {}).get("tuning")]
+        if runs:
+            total = {k: sum(t[k] for t in runs) for k in ("layers", "disagreed", "changed",
+                                                           "model_cycles", "tuned_cycles")}
+            saved = 1 - total["tuned_cycles"] / total["model_cycles"]
+            lines.append(f"{m}: the cost model's tiling was off by > {runs[0]['margin']:.0%} "
+                         f"on {total['disagreed']} of {total['layers']} layer checks; the "
+                         f"simulator chose another on {total['changed']} ({saved:.2%} fewer "
+                         "cycles in those layers)")
+    return lines
+
+
 def table(sweep: Sweep) -> str:
     """The points by the first model's latency, Pareto points marked ``*``, then what was
     refused or failed."""
@@ -94,6 +111,7 @@ def table(sweep: Sweep) -> str:
                  f"Pareto front (latency of {', '.join(sweep.models)} against "
                  + (", ".join(PARETO_RESOURCES) if sweep.synthesized else "nothing else: "
                     "not synthesized") + "); x floor: accelerator cycles over MACs / peak")
+    lines += _tuning_lines(sweep)
     lines += [f"refused by the config's checks: {p.label}: {p.error}" for p in sweep.illegal]
     lines += [f"error at {r.point.label}: {e}" for r in sweep.results for e in r.errors]
     lines += [f"not finished (run again to retry): {f.job.label}: {f.job.job}: {f.reason}"

@@ -55,11 +55,12 @@ def import_ray() -> Any:
 
 
 def run_jobs(jobs: Sequence[Job], models: Sequence[ModelRef], part: str, host: str | None,
-             results: ResultsFile, *, address: str | None = None,
+             results: ResultsFile, *, tune: str = "model", address: str | None = None,
              on_row: Callable[[dict], None] | None = None,
              verbose: bool = False) -> list[Failure]:
     """Run ``jobs`` on Ray and append each finished one's row to ``results``; returns the
-    jobs Ray gave up on. Joins the Ray instance already running in this process, else
+    jobs Ray gave up on; ``tune`` chooses the models' tilings (see :func:`tessera.compile`).
+    Joins the Ray instance already running in this process, else
     starts one (``address``: a cluster's, or ``None`` for this machine) and stops it
     after. ``on_row`` sees each row after it is stored; Ray's own log lines below errors
     show only when ``verbose``."""
@@ -69,15 +70,16 @@ def run_jobs(jobs: Sequence[Job], models: Sequence[ModelRef], part: str, host: s
         ray.init(address=address, include_dashboard=False, log_to_driver=verbose,
                  logging_level=logging.INFO if verbose else logging.ERROR)
     try:
-        return _run(ray, jobs, models, part, host, results, on_row)
+        return _run(ray, jobs, models, (part, host, tune), results, on_row)
     finally:
         if own:
             ray.shutdown()
 
 
-def _run(ray: Any, jobs: Sequence[Job], models: Sequence[ModelRef], part: str,
-         host: str | None, results: ResultsFile,
+def _run(ray: Any, jobs: Sequence[Job], models: Sequence[ModelRef],
+         context: tuple[str, str | None, str], results: ResultsFile,
          on_row: Callable[[dict], None] | None) -> list[Failure]:
+    part, host, tune = context
     task = ray.remote(max_retries=RETRIES)(evaluate.run_job)
     pending: dict[Any, Job] = {}
     with Progress(len(jobs), "dse", unit="jobs") as bar:
@@ -85,14 +87,14 @@ def _run(ray: Any, jobs: Sequence[Job], models: Sequence[ModelRef], part: str,
         # the workers start while the driver prepares the models.
         for job in jobs:
             if job.job == evaluate.RESOURCES:
-                pending[task.remote(job.job, job.config, part, None, host)] = job
+                pending[task.remote(job.job, job.config, part, None, host, tune)] = job
         for ref in models:
             mine = [job for job in jobs if job.job == ref.name]
             if mine:
                 bar.update(0, item=f"quantizing {ref.name}")
                 spec = ray.put(prepare(ref))
                 for job in mine:
-                    pending[task.remote(job.job, job.config, part, spec, host)] = job
+                    pending[task.remote(job.job, job.config, part, spec, host, tune)] = job
         return _collect(ray, pending, results, bar, on_row)
 
 

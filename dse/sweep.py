@@ -91,15 +91,16 @@ def host_for_part(part: str) -> str | None:
 def explore(base: str | HwConfig, axes: Mapping[str, Sequence[Any]] | Sequence[Axis],
             models: Sequence[str], *, part: str | None = None,
             results: str | Path = "dse-results.jsonl", address: str | None = None,
-            synthesize: bool = True, on_row: Callable[[dict], None] | None = None,
-            verbose: bool = False) -> Sweep:
+            synthesize: bool = True, tune: str = "model",
+            on_row: Callable[[dict], None] | None = None, verbose: bool = False) -> Sweep:
     """Sweep ``base`` over ``axes`` (``{"block_out": [8, 16], ...}``) for ``models`` (zoo
     names or ONNX files) on ``part`` (the base's by default).
 
     Each legal point is synthesized with yosys (unless ``synthesize`` is False; cached by
     design) and each model compiled for it and run on the simulator, as Ray tasks on
     this machine or at ``address``. Rows stream into the ``results`` file (JSON lines);
-    jobs it already holds are not run again. ``on_row`` sees each new row; ``verbose``
+    jobs it already holds are not run again. ``tune="sim"`` lets the simulator pick the
+    tilings where the cost model is off (:func:`tessera.compile`). ``on_row`` sees each new row; ``verbose``
     shows Ray's own log lines. Returns the :class:`Sweep`.
     """
     space = Space.of(base, axes, part)
@@ -107,24 +108,25 @@ def explore(base: str | HwConfig, axes: Mapping[str, Sequence[Any]] | Sequence[A
     points = space.points()
     legal = [p for p in points if p.legal]
     store = ResultsFile(results)
-    jobs = _jobs(legal, refs, space.part, synthesize)
+    jobs = _jobs(legal, refs, space.part, synthesize, tune)
     pending = [j for j in jobs if j.key not in store]
     failures = []
     if pending:
         failures = run_jobs(pending, refs, space.part, host_for_part(space.part), store,
-                            address=address, on_row=on_row, verbose=verbose)
+                            tune=tune, address=address, on_row=on_row, verbose=verbose)
     sweep = Sweep(space, [PointResult(p) for p in legal], [p for p in points if not p.legal],
                   [r.name for r in refs], synthesize, failures, len(pending) - len(failures))
     _fill(sweep, jobs, store)
     return sweep
 
 
-def _jobs(points: Sequence[Point], refs: Sequence[ModelRef], part: str,
-          synthesize: bool) -> list[Job]:
+def _jobs(points: Sequence[Point], refs: Sequence[ModelRef], part: str, synthesize: bool,
+          tune: str) -> list[Job]:
     jobs = []
     for p in points:
         assert p.config is not None
-        named = [(ref.name, ref.digest) for ref in refs]
+        # a model's figures depend on how its tilings were chosen
+        named = [(ref.name, f"{ref.digest} tune={tune}") for ref in refs]
         if synthesize:
             named.insert(0, (evaluate.RESOURCES, evaluate.design_key(p.config, part)))
         jobs += [Job(job_key(p.config, part, name, identity), name, p.config, p.label,

@@ -33,7 +33,7 @@ def compile(model: Any, target: str | HwConfig = "pynq", *,
             force_cpu: Sequence[str] = (), host: Any = None, progress: Any = None,
             activations: str = "exact", pieces: int | None = None,
             tolerance: float | None = None, placement: str = "dp",
-            skip_zero_blocks: bool = True) -> "Model":
+            skip_zero_blocks: bool = True, tune: str = "model") -> "Model":
     """Compile an ONNX model (``ModelProto``, path or bytes) for the config ``target``.
 
     A float model is quantized to int8 from ``calibration`` (a list of input feeds);
@@ -45,6 +45,8 @@ def compile(model: Any, target: str | HwConfig = "pynq", *,
     activations the config has no exact intrinsic for as sums of shifted ReLUs on the
     accelerator (it changes results; ``"exact"`` by default). Weight blocks of zeros (a
     pruned model's) are skipped on the accelerator unless ``skip_zero_blocks=False``.
+    ``tune="sim"`` lets the simulator pick a convolution's tiling where the cost model is
+    off by more than 2% (slower to compile).
     Returns a
     :class:`~tessera.runtime.executor.Model`
     (``run``, ``save``, ``summary``). See :func:`tessera.compiler.model.compile_model`.
@@ -55,7 +57,7 @@ def compile(model: Any, target: str | HwConfig = "pynq", *,
                                input_shapes=input_shapes, force_cpu=force_cpu, host=host,
                                progress=progress, activations=activations, pieces=pieces,
                                tolerance=tolerance, placement=placement,
-                               skip_zero_blocks=skip_zero_blocks))
+                               skip_zero_blocks=skip_zero_blocks, tune=tune))
 
 
 def load(path: Any) -> "Model":

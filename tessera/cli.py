@@ -96,7 +96,7 @@ def _compile(args: argparse.Namespace):
                                  progress=bar, activations=args.activations,
                                  pieces=args.pieces, tolerance=args.tolerance, host=args.host,
                                  placement=args.placement,
-                                 skip_zero_blocks=not args.dense_weights)
+                                 skip_zero_blocks=not args.dense_weights, tune=args.tune)
     finally:
         bar.close()
 
@@ -458,6 +458,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                         "is at most LSB output steps")
     p.add_argument("--dense-weights", action="store_true",
                    help="multiply zero weight blocks too (default: skipped; same results)")
+    p.add_argument("--tune", choices=("model", "sim"), default="model",
+                   help="sim: check each convolution's tiling on the simulator, which picks "
+                        "where the cost model is off (slower compile; default model)")
     verbose_arg(p)
     host_args(p)
 

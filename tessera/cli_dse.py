@@ -39,6 +39,9 @@ def add_dse_commands(sub: Any) -> None:
     p.add_argument("--address", help="a Ray cluster's address (default: start Ray here)")
     p.add_argument("--no-synth", action="store_true",
                    help="skip synthesis: latency only, no resources or fit")
+    p.add_argument("--tune", choices=("model", "sim"), default="model",
+                   help="sim: the simulator picks a layer's tiling where the cost model is "
+                        "off (slower; the table says how often; default model)")
     verbose_arg(p)
     p.set_defaults(func=_cmd_dse)
 
@@ -60,7 +63,8 @@ def _cmd_dse(args: argparse.Namespace) -> int:
     with third_party_output(args.verbose):
         sweep = explore(base, axes, args.model or ["resnet18"], part=args.part,
                         results=args.results, address=args.address,
-                        synthesize=not args.no_synth, verbose=args.verbose)
+                        synthesize=not args.no_synth, tune=args.tune,
+                        verbose=args.verbose)
     print(table(sweep))
     stem = Path(args.results).with_suffix("")
     for path in (write_csv(sweep, stem.with_suffix(".csv")),

@@ -29,6 +29,7 @@ from tessera.config import HwConfig, get_config
 from tessera.isa import Program
 
 from .conv import TensorInfo, tensorize_conv2d
+from .simtune import SimTuner
 from .dram import DramPlan, plan_dram
 from .emit import Emitter, Place
 from tessera.errors import CompileError
@@ -199,7 +200,8 @@ def compile_ops(ops: Sequence[Op], input_shapes: Mapping[str, tuple[int, ...]],
                 threads: int = 2, plans: Mapping[str, object] | None = None,
                 pack_small_channels: bool = True, skip_zero_blocks: bool = True,
                 verify: bool = False, fuse_pools: bool = True,
-                on_op: Callable[[Op], None] | None = None) -> CompiledProgram:
+                on_op: Callable[[Op], None] | None = None,
+                tuner: SimTuner | None = None) -> CompiledProgram:
     """Compile ``ops`` (in execution order) into one program for ``config``.
 
     ``input_shapes`` gives the program inputs' logical shapes; ``outputs`` the
@@ -212,8 +214,8 @@ def compile_ops(ops: Sequence[Op], input_shapes: Mapping[str, tuple[int, ...]],
     weight blocks of zeros are neither stored, loaded nor multiplied (False runs every
     layer densely, e.g. to compare). ``verify`` runs
     :func:`~.verify.verify_program` on the result. ``fuse_pools``: a max pool runs in the
-    tiles of the convolution it reads where it can (:mod:`.poolfuse`). ``on_op`` is called
-    with each operator before it is tensorized (progress reporting).
+    tiles of the convolution it reads where it can (:mod:`.poolfuse`). ``on_op`` sees each
+    operator before it is tensorized. ``tuner``: see :mod:`.simtune`.
     """
     t0 = time.perf_counter()
     cfg = get_config(config)
@@ -222,7 +224,7 @@ def compile_ops(ops: Sequence[Op], input_shapes: Mapping[str, tuple[int, ...]],
     unfused = partial(compile_ops, ops, input_shapes, cfg, outputs=outputs, threads=threads,
                       plans=plans, pack_small_channels=pack_small_channels,
                       skip_zero_blocks=skip_zero_blocks, verify=verify, fuse_pools=False,
-                      on_op=on_op)
+                      on_op=on_op, tuner=tuner)
     ops = list(ops)
     user_inputs = list(input_shapes)
     input_transforms: dict[str, PackedInput] = {}
@@ -254,7 +256,7 @@ def compile_ops(ops: Sequence[Op], input_shapes: Mapping[str, tuple[int, ...]],
         try:
             plan = _tensorize_op(em, op, tensors, threads=threads,
                                  plan=(plans or {}).get(op.name),
-                                 skip_zero_blocks=skip_zero_blocks)
+                                 skip_zero_blocks=skip_zero_blocks, tuner=tuner)
         except CompileError:
             if getattr(op, "pool", None) is None:
                 raise
@@ -276,7 +278,7 @@ def compile_ops(ops: Sequence[Op], input_shapes: Mapping[str, tuple[int, ...]],
 
 
 def _tensorize_op(em: Emitter, op: Op, tensors: Mapping[str, TensorInfo], *, threads: int,
-                  plan: object, skip_zero_blocks: bool) -> object:
+                  plan: object, skip_zero_blocks: bool, tuner: SimTuner | None) -> object:
     """Emit ``op`` by its tensorizer; returns the plan used (``None`` for a concatenation:
     its parts' producers stored them in place, see :func:`~.dram.plan_dram`)."""
     res = {t: tensors[t] for t in op.inputs[1:]}
@@ -288,7 +290,7 @@ def _tensorize_op(em: Emitter, op: Op, tensors: Mapping[str, TensorInfo], *, thr
     if isinstance(op, (Conv2d, Dense)):
         return tensorize_conv2d(em, op, tensors[op.inputs[0]], tensors[op.output], res,
                                 threads=threads, plan=plan,  # type: ignore[arg-type]
-                                skip_zero_blocks=skip_zero_blocks)
+                                skip_zero_blocks=skip_zero_blocks, tuner=tuner)
     if isinstance(op, Pool2d):
         from .pool import tensorize_pool2d
         return tensorize_pool2d(em, op, tensors[op.input], tensors[op.output], res,

@@ -28,10 +28,11 @@ from .ops import Conv2d, Dense
 from .convplan import (Budget, ConvGeom, ConvPlan, LAST_TILE_CHUNKS, PIPELINE_REGIONS,
                        PLAN_FALLBACKS, Step, Tile, conv_plan_fits, epilogue_chunks,
                        gemm_dense_dims, gemm_pixel_dims, gemm_tap_dims, schedule,
-                       tile_replicas)
+                       tile_planes, tile_replicas)
 from .convweights import interleave_terms, step_weights
 from .convcost import cached_conv_plans, interleave
 from .poolfuse import FusedPool, check_pool_plan, fused_pool_plans
+from .simtune import SimTuner
 
 def acc_bound(weight: np.ndarray, config: HwConfig) -> tuple[int, int]:
     """Bounds of the raw accumulator: sum |w| x the largest input magnitude, per channel."""
@@ -535,7 +536,8 @@ class ConvTensorizer:
         planes = [(((n - nbs[0]) * (ob_ - oa) + (o - oa)) * px, n, o)
                   for n in nbs for o in range(oa, ob_)]
         return plane_dmas(Load, mem=MemType.ACC8, sram_base=base, dram_base=self.res_elem[name],
-                          **self._dram_planes(rl, t, planes), max_fields=self.em.max_dma)
+                          **tile_planes(rl, t, planes, self.g.ow, self.out.view),
+                          max_fields=self.em.max_dma)
 
     def _chunk_stores(self, s: Step, chunk: tuple[int | None, int, int]) -> list:
         """The stores of one plane group ``(nb, ob0, ob1)`` of the tile."""
@@ -545,34 +547,15 @@ class ConvTensorizer:
         planes = [(((n - t.nb0) * ob_n + (o - t.ob0)) * px, n, o)
                   for n in _image_blocks(t, nb) for o in range(oa, ob_)]
         return plane_dmas(Store, mem=MemType.OUT, sram_base=self.region_base(s.acc_slot),
-                          dram_base=self.out_elem, **self._dram_planes(self.out.layout, t, planes),
+                          dram_base=self.out_elem,
+                          **tile_planes(self.out.layout, t, planes, self.g.ow, self.out.view),
                           max_fields=self.em.max_dma)
-
-    def _dram_planes(self, layout: ActLayout, t: Tile,
-                     planes: list[tuple[int, int, int]]) -> dict:
-        """The :func:`~.emit.plane_dmas` geometry moving tile ``t``'s output planes
-        ``(sram offset, image block, output block)`` to or from their places in an
-        output-shaped tensor of ``layout``: rows of ``g.ow`` pixels, or, for a phase of a
-        larger tensor (``self.out.view``), rows ``sy`` apart and pixels ``sx`` apart (a
-        DMA row per pixel)."""
-        rows, cols = t.oy1 - t.oy0, t.ox1 - t.ox0
-        if self.out.view is None:
-            return dict(planes=[(s, layout.entry(n, o, t.oy0, t.ox0)) for s, n, o in planes],
-                        rows=rows, cols=cols, row_stride=self.g.ow)
-        sy, sx, ay, ax = self.out.view
-        if sx == 1:
-            return dict(planes=[(s, layout.entry(n, o, sy * t.oy0 + ay, t.ox0 + ax))
-                                for s, n, o in planes],
-                        rows=rows, cols=cols, row_stride=sy * layout.w)
-        return dict(planes=[(s + r * cols, layout.entry(n, o, sy * (t.oy0 + r) + ay,
-                                                        sx * t.ox0 + ax))
-                            for s, n, o in planes for r in range(rows)],
-                    rows=cols, cols=1, row_stride=sx)
 
 
 def tensorize_conv2d(em: Emitter, op: Conv2d | Dense, inp: TensorInfo, out: TensorInfo,
                      residuals: dict[str, TensorInfo], *, threads: int = 2,
-                     plan: ConvPlan | None = None, skip_zero_blocks: bool = True) -> ConvPlan:
+                     plan: ConvPlan | None = None, skip_zero_blocks: bool = True,
+                     tuner: SimTuner | None = None) -> ConvPlan:
     """Emit the instructions of one convolution (or dense layer) into ``em``.
 
     ``plan`` forces a tiling (unpipelined if its pipelined regions do not fit); otherwise
@@ -580,17 +563,28 @@ def tensorize_conv2d(em: Emitter, op: Conv2d | Dense, inp: TensorInfo, out: Tens
     ``skip_zero_blocks`` the weight blocks of zeros are neither stored, loaded nor
     multiplied (:class:`~.layout.WeightBlocks`); a layer no tiling can run that way (its
     output blocks' terms too few to interleave, its kernels too many for the uop buffer)
-    runs densely. Returns the plan used. Instructions carry no tokens:
+    runs densely. ``tuner`` (a :class:`~.simtune.SimTuner`) may reorder the ranked
+    tilings by simulating them. Returns the plan used. Instructions carry no tokens:
     :func:`~.sync.insert_dependency_tokens` adds them for the whole program.
     """
     tz = ConvTensorizer(em, op, inp, out, residuals, skip_zero_blocks)
     if not tz.g.blocks.is_dense:
         cp = em.checkpoint()
         try:
-            used = tz.emit(tz.ranked_plans(threads) if plan is None else tz.forced_plans(plan))
+            used = tz.emit(_candidates(tz, threads, plan, tuner))
             return replace(used, density=tz.g.blocks.density)
         except CompileError:
             em.rollback(cp)
             tz = ConvTensorizer(em, op, inp, out, residuals, skip_zero_blocks=False)
-    candidates = tz.ranked_plans(threads) if plan is None else tz.forced_plans(plan)
-    return tz.emit(candidates)
+    return tz.emit(_candidates(tz, threads, plan, tuner))
+
+
+def _candidates(tz: ConvTensorizer, threads: int, plan: ConvPlan | None,
+                tuner: SimTuner | None) -> Iterable[ConvPlan]:
+    """The tilings ``tz`` tries in turn: the forced one, else the ranked ones (in the
+    tuner's order when there is one; a fused pool's tilings are its own)."""
+    if plan is not None:
+        return tz.forced_plans(plan)
+    if tuner is None or tz.pool is not None:
+        return tz.ranked_plans(threads)
+    return tuner.order(tz, tz.ranked_plans(threads), threads)

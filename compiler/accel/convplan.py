@@ -53,7 +53,7 @@ from tessera.isa import get_isa
 
 from .epilogue import EpiloguePlan
 from .convweights import reduction_chunks, sparse_kernel_uops, weight_key, weight_slot_entries
-from .layout import GroupBlocks, WeightBlocks, ceil_div
+from .layout import ActLayout, GroupBlocks, WeightBlocks, ceil_div
 from .nest import Dim, dim
 from .ops import Conv2d
 
@@ -546,3 +546,25 @@ def epilogue_chunks(t: Tile, chunks: int) -> list[tuple[int | None, int, int]]:
     return [(nb, o, min(t.ob1, o + size)) for nb in range(t.nb0, t.nb1)
             for o in range(t.ob0, t.ob1, size)]
 
+
+
+def tile_planes(layout: ActLayout, t: Tile, planes: list[tuple[int, int, int]], ow: int,
+                view: tuple[int, int, int, int] | None) -> dict:
+    """The :func:`~.emit.plane_dmas` geometry moving tile ``t``'s output planes
+    ``(sram offset, image block, output block)`` to or from their places in an
+    output-shaped tensor of ``layout``: rows of ``ow`` pixels, or, for a phase of a
+    larger tensor (``view``: ``(sy, sx, ay, ax)``), rows ``sy`` apart and pixels ``sx``
+    apart (a DMA row per pixel)."""
+    rows, cols = t.oy1 - t.oy0, t.ox1 - t.ox0
+    if view is None:
+        return dict(planes=[(s, layout.entry(n, o, t.oy0, t.ox0)) for s, n, o in planes],
+                    rows=rows, cols=cols, row_stride=ow)
+    sy, sx, ay, ax = view
+    if sx == 1:
+        return dict(planes=[(s, layout.entry(n, o, sy * t.oy0 + ay, t.ox0 + ax))
+                            for s, n, o in planes],
+                    rows=rows, cols=cols, row_stride=sy * layout.w)
+    return dict(planes=[(s + r * cols, layout.entry(n, o, sy * (t.oy0 + r) + ay,
+                                                    sx * t.ox0 + ax))
+                        for s, n, o in planes for r in range(rows)],
+                rows=cols, cols=1, row_stride=sx)

@@ -1,5 +1,6 @@
 """``tessera dse``: bad arguments refused before any work, with CLI advice; a sweep run
-from the command line prints its table and writes its CSV, JSON and plot."""
+from the command line (its tilings checked on the simulator) prints its table, how often
+the simulator overruled the cost model, and writes its CSV, JSON and plot."""
 from __future__ import annotations
 
 import importlib.util
@@ -41,10 +42,11 @@ def test_a_sweep_from_the_command_line_writes_its_outputs_and_reruns_from_its_fi
     monkeypatch.setenv("TESSERA_CACHE", str(tmp_path / "cache"))
     results = tmp_path / "out" / "sweep.jsonl"
     argv = ["dse", "--base", "tiny", "--vary", "wgt_depth=256,512", "--model", "lenet",
-            "--no-synth", "--results", str(results)]
+            "--no-synth", "--tune", "sim", "--results", str(results)]
     assert main(argv) == 0
     out, err = capsys.readouterr()
     assert "lenet ms (x floor)" in out and "2 legal points" in out
+    assert "lenet: the cost model's tiling was off by > 2% on" in out
     for suffix in (".csv", ".json", ".png"):
         assert results.with_suffix(suffix).is_file() and f"sweep{suffix}" in out
     assert "2 job(s) run now" in err
