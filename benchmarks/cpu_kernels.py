@@ -173,23 +173,30 @@ def call_overhead(repeats: int) -> str:
 
 
 def thread_scaling(repeats: int) -> str:
-    """A 1e6-element float32 add (a kernel with a parallel form) forced onto 1, 2 and 4
-    threads: what decides ``tessera.runtime.cpu.BYTES_PER_THREAD`` on this host."""
+    """1e6-element float32 kernels with a parallel form forced onto 1, 2 and 4 threads:
+    an add (memory-bound) and a tanh (compute-bound, ~0.3 ns an element here), what
+    decides ``tessera.runtime.cpu.BYTES_PER_THREAD`` on this host and whether a
+    kernel's arithmetic should count too (interleaved, best of ``repeats`` blocks)."""
     from tessera.compiler.cpu import E, TensorSpec, fused_elementwise
     from tessera.runtime.cpu import load_kernel
 
     n = 10**6
-    x, y = np.ones(n, np.float32), np.ones(n, np.float32)
-    kernel = load_kernel(fused_elementwise(E.input(0) + E.input(1),
-                                           [TensorSpec((n,), "float32")] * 2))
-    fns = {k: (lambda k=k: kernel(x, y, threads=k)) for k in (1, 2, 4)}
-    calls = {k: _calls_per_block(fn) for k, fn in fns.items()}
-    best = dict.fromkeys(fns, float("inf"))
-    for _ in range(repeats):
-        for k, fn in fns.items():
-            best[k] = min(best[k], _block_us(fn, calls[k]))
-    return ("parallel form, 1e6-element float32 add (us per call): "
-            + ", ".join(f"{k} thread{'s' if k > 1 else ''} {us:.1f}" for k, us in best.items()))
+    x = E.input(0)
+    lines = []
+    for label, expr, n_inputs in (("add", x + E.input(1), 2), ("tanh", x.tanh(), 1)):
+        arrays = [np.ones(n, np.float32) for _ in range(n_inputs)]
+        kernel = load_kernel(fused_elementwise(expr, [TensorSpec((n,), "float32")]
+                                               * n_inputs))
+        fns = {k: (lambda k=k: kernel(*arrays, threads=k)) for k in (1, 2, 4)}
+        calls = {k: _calls_per_block(fn) for k, fn in fns.items()}
+        best = dict.fromkeys(fns, float("inf"))
+        for _ in range(repeats):
+            for k, fn in fns.items():
+                best[k] = min(best[k], _block_us(fn, calls[k]))
+        lines.append(f"parallel form, 1e6-element float32 {label} (us per call): "
+                     + ", ".join(f"{k} thread{'s' if k > 1 else ''} {us:.1f}"
+                                 for k, us in best.items()))
+    return "\n".join(lines)
 
 
 HEADER = ("op", "shape", "dtype", "numpy us", "kernel us", "ratio", "target",

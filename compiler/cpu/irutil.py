@@ -1,6 +1,6 @@
 """Helpers for writing CPU kernels with llvmlite.ir: loops, indexing, dtype-aware
 arithmetic and casts, saturation and rounding, and vectorisable float32 math
-(exp, tanh, log) written as polynomials because LLVM lowers ``llvm.exp.f32``
+(exp, log) written as polynomials because LLVM lowers ``llvm.exp.f32``
 to a scalar libm call that blocks loop vectorisation (more in :mod:`.fmath`).
 
 Conventions: indices are i64; ``dtype`` arguments are the strings of
@@ -508,12 +508,6 @@ def exp_f32(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
     n2 = builder.sub(n, n1)
     y = builder.fmul(builder.fmul(y, _pow2i(builder, n1)), _pow2i(builder, n2))
     return builder.select(builder.fcmp_unordered("uno", x, x), x, y)
-
-
-# Cephes tanhf odd polynomial for |x| < 0.625 (where 1 - 2/(e**2x + 1) would cancel);
-# fmath.tanh_f32 uses it.
-_TANH_POLY = (-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2,
-              1.33314422036e-1, -3.33332819422e-1)
 
 
 # Cephes logf: log(1 + m) - m + m**2/2 = m**3 * P(m) for m in [sqrt(1/2) - 1, sqrt(2) - 1].

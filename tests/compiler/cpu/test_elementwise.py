@@ -163,10 +163,12 @@ def test_exp_subnormal_results():
 
 
 def test_tanh_is_odd_and_accurate_near_zero():
-    x = np.float32([1e-7, 1e-3, 0.3, 0.6249, 0.6251, 3.0])
+    """Either side of where fmath.tanh_f32 changes form (tanh = 1/2, x = 0.5493) and of
+    where its reduction's n steps (x = (n + 3/4) ln2 / 2: 0.2599, 0.6065)."""
+    x = np.float32([1e-40, 1e-7, 1e-3, 0.2599, 0.26, 0.5493, 0.5494, 0.6065, 0.6066, 3.0])
     got = run(E.input(0).tanh(), np.concatenate([x, -x]))
-    np.testing.assert_array_equal(got[6:], -got[:6])
-    np.testing.assert_allclose(got[:6], np.tanh(x.astype(np.float64)), rtol=3e-7)
+    np.testing.assert_array_equal(got[x.size:], -got[:x.size])
+    np.testing.assert_allclose(got[:x.size], np.tanh(x.astype(np.float64)), rtol=3e-7)
 
 
 # -- integers: numpy's wrapping semantics, explicit saturation

@@ -303,6 +303,45 @@ def test_erf_within_one_ulp() -> None:
     assert ulp_error(got, want).max() <= 1.0                                 # 0.97
 
 
+TANH_ONE = 0x41200000            # 10.0: tanh rounds to 1 in float32 from 9.0109 up
+TANH_CHUNK = 1 << 22
+
+
+def tanh_worst_ulp(step: int) -> tuple[float, float]:
+    """The worst ulp error of the tanh kernel, and where, over every ``step``-th positive
+    float32 up to 10 (and every 4099th above, where tanh is 1), in chunks of one kernel's
+    shape (the last one padded)."""
+    kernel = load_kernel(fused_elementwise(E.input(0).tanh(),
+                                           [TensorSpec((TANH_CHUNK,), "float32")]))
+    bits = [(0, TANH_ONE, step), (TANH_ONE, 0x7F800001, 4099)]
+    worst, at = 0.0, float("nan")
+    for lo, hi, stride in bits:
+        for start in range(lo, hi, TANH_CHUNK * stride):
+            x = np.arange(start, min(start + TANH_CHUNK * stride, hi), stride,
+                          dtype=np.uint32).view(np.float32)
+            (got,) = kernel(np.pad(x, (0, TANH_CHUNK - x.size)))
+            err = ulp_error(got[:x.size], np.tanh(x.astype(np.float64)))
+            i = int(err.argmax())
+            if err[i] > worst:
+                worst, at = float(err[i]), float(x[i])
+    return worst, at
+
+
+def test_tanh_within_two_ulp() -> None:
+    """Every 61st float32 (the exhaustive sweep below is slow): 1.765 at worst here."""
+    worst, at = tanh_worst_ulp(61)
+    assert worst <= 2.0, f"{worst:.3f} ulp at x = {at!r}"
+
+
+@pytest.mark.slow
+def test_tanh_within_two_ulp_over_every_float32() -> None:
+    """Every float32 in [0, 10) (tanh is odd: the kernel takes |x| and copies the sign
+    back; tests/compiler/cpu/test_elementwise.py checks the sign): 1.771 at worst, at
+    x = 0.2407, on a host with FMA."""
+    worst, at = tanh_worst_ulp(1)
+    assert worst <= 2.0, f"{worst:.3f} ulp at x = {at!r}"
+
+
 def test_pow_is_correctly_rounded() -> None:
     """float64 inside: within 0.5 ulp (bar double rounding) on bases from 2**-40 to
     2**40 and exponents mostly within +-12; the results that over- or underflow (13%)
