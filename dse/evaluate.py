@@ -14,13 +14,16 @@ from typing import Any, Mapping
 import numpy as np
 
 from tessera.config import HwConfig
-from tessera.errors import PYTHON, TesseraError
+from tessera.errors import PYTHON, SynthesisError, TesseraError
 
 __all__ = ["ModelSpec", "RESOURCES", "design_key", "evaluate_model", "evaluate_resources",
            "run_job"]
 
 #: The job name of a point's synthesis; a model's job is named by the model.
 RESOURCES = "resources"
+#: Seconds a point's yosys run may take: the largest xc7z020 design here took 18 minutes
+#: on a loaded 2-core machine (docs/benchmarks.md), so over three times that.
+SYNTH_TIMEOUT = 3600.0
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,8 @@ def evaluate_resources(config: HwConfig, part: str) -> dict[str, Any]:
     report = resource_cache.load(key)
     cached = report is not None
     if report is None:
-        report = resource_cache.synthesize_and_store(config, part, key)
+        report = resource_cache.synthesize_and_store(config, part, key,
+                                                     timeout=SYNTH_TIMEOUT)
     used = {k: u for k, (u, _) in report.rows().items()}
     return {"used": used, "available": {k: a for k, (_, a) in report.rows().items()},
             "fits": report.fits, "cached": cached, "seconds": time.perf_counter() - t0}
@@ -86,12 +90,16 @@ def evaluate_model(config: HwConfig, spec: ModelSpec, host: str | None,
 
 def run_job(job: str, config: HwConfig, part: str, spec: ModelSpec | None,
             host: str | None, tune: str = "model") -> dict[str, Any]:
-    """One job of a sweep: :data:`RESOURCES` or a model's run. A :class:`TesseraError`
-    (the config refuses the model, the synthesis fails) is returned as the row's error."""
+    """One job of a sweep: :data:`RESOURCES` or a model's run. A :class:`TesseraError` of
+    the input (the config refuses the model) is returned as the row's error; a failed
+    synthesis (yosys killed, out of time) is raised, so the job is not recorded and the
+    next run tries it again."""
     try:
         if job == RESOURCES:
             return evaluate_resources(config, part)
         assert spec is not None and spec.name == job
         return evaluate_model(config, spec, host, tune)
+    except SynthesisError:
+        raise
     except TesseraError as exc:
         return {"error": exc.describe(PYTHON)}

@@ -65,12 +65,15 @@ def store(key: str, report: ResourceReport) -> Path:
 
 
 def synthesize_and_store(config: HwConfig, part: str, key: str,
-                         progress: Callable[[str], None] | None = None) -> ResourceReport:
+                         progress: Callable[[str], None] | None = None,
+                         timeout: float | None = None) -> ResourceReport:
     """Synthesize ``config``'s design (:func:`~.export.design_config`) for ``part`` and keep
-    the report under ``key``; ``progress`` gets the export's and yosys's stages."""
+    the report under ``key``; ``progress`` gets the export's and yosys's stages, ``timeout``
+    bounds yosys (:func:`~.resources.synthesize`'s default if ``None``)."""
     stage = progress or (lambda text: None)
     verilog = export.verilog(export.design_config(config), stage)
+    bound = {} if timeout is None else {"timeout": timeout}
     report = resources.synthesize(verilog, export.TOP_NAME, part,
-                                  progress=lambda name: stage(f"yosys {name}"))
+                                  progress=lambda name: stage(f"yosys {name}"), **bound)
     store(key, report)
     return report

@@ -102,3 +102,21 @@ def test_csv_json_and_plot_hold_every_point(tmp_path):
     pixels = zlib.decompress(png[png.index(b"IDAT") + 4:])
     assert bytes((200, 40, 40)) in pixels           # the front is drawn in red
     assert len(PARETO_RESOURCES) == 3
+
+
+def test_a_job_keeps_its_input_errors_and_raises_a_failed_synthesis(monkeypatch):
+    from tessera.config import PRESETS
+    from tessera.dse import evaluate
+    from tessera.errors import ConfigError, SynthesisError
+
+    def refuse(config, part):
+        raise ConfigError("unknown part 'xc9'")
+    monkeypatch.setattr(evaluate, "evaluate_resources", refuse)
+    row = evaluate.run_job(evaluate.RESOURCES, PRESETS["tiny"], "xc9", None, None)
+    assert row == {"error": "unknown part 'xc9'"}        # a result: the next run keeps it
+
+    def killed(config, part):
+        raise SynthesisError("yosys did not finish within 3600 s")
+    monkeypatch.setattr(evaluate, "evaluate_resources", killed)
+    with pytest.raises(SynthesisError):                   # not a result: Ray reports it
+        evaluate.run_job(evaluate.RESOURCES, PRESETS["tiny"], "xc7z020", None, None)
