@@ -56,8 +56,9 @@ def evaluate_resources(config: HwConfig, part: str) -> dict[str, Any]:
     report = resource_cache.load(key)
     cached = report is not None
     if report is None:
-        report = resource_cache.synthesize_and_store(config, part, key,
-                                                     timeout=SYNTH_TIMEOUT)
+        report, synthesized = resource_cache.synthesize_and_store(config, part, key,
+                                                                  timeout=SYNTH_TIMEOUT)
+        cached = not synthesized
     used = {k: u for k, (u, _) in report.rows().items()}
     return {"used": used, "available": {k: a for k, (_, a) in report.rows().items()},
             "fits": report.fits, "cached": cached, "seconds": time.perf_counter() - t0}

@@ -106,21 +106,18 @@ def _checked_part(config: HwConfig, part: str | None) -> str:
 def _cmd_hw_resources(args: argparse.Namespace) -> int:
     config = get_config(args.config)
     part = _checked_part(config, args.part)
-    report, cached = _resource_report(config, part, args.no_cache)
+    report, how = _resource_report(config, part, args.no_cache)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
-        how = ("cached: synthesised before with the same sources and yosys; --no-cache to "
-               "run it again" if cached else "synthesised now")
         print(f"config {config.name!r} on {part} ({how})")
         print(report.table())
     return 0 if report.fits else 1
 
 
-def _resource_report(config: HwConfig, part: str,
-                     no_cache: bool) -> tuple[ResourceReport, bool]:
-    """``(report, cached)``: the cached report of ``config`` on ``part``, else a new
-    synthesis (stored for the next call)."""
+def _resource_report(config: HwConfig, part: str, no_cache: bool) -> tuple[ResourceReport, str]:
+    """``(report, how)``: the cached report of ``config`` on ``part``, else a new
+    synthesis (stored for the next call); ``how`` says which."""
     _require_hw()
     from .hw.harness.verilator_build import source_key
     from .hw.synth import export, resource_cache
@@ -128,10 +125,13 @@ def _resource_report(config: HwConfig, part: str,
                                    part)
     report = None if no_cache else resource_cache.load(key)
     if report is not None:
-        return report, True
+        return report, ("cached: synthesised before with the same sources and yosys; "
+                        "--no-cache to run it again")
     with StageLines(f"hw resources {config.name!r} on {part}") as lines:
-        report = resource_cache.synthesize_and_store(config, part, key, lines.stage)
-    return report, False
+        report, synthesized = resource_cache.synthesize_and_store(
+            config, part, key, lines.stage, reuse=not no_cache)
+    return report, ("synthesised now" if synthesized else "cached: the same Verilog was "
+                    "synthesised before (sources changed elsewhere); --no-cache to run it again")
 
 
 def _cmd_hw_bitstream(args: argparse.Namespace) -> int:

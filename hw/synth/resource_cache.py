@@ -66,14 +66,25 @@ def store(key: str, report: ResourceReport) -> Path:
 
 def synthesize_and_store(config: HwConfig, part: str, key: str,
                          progress: Callable[[str], None] | None = None,
-                         timeout: float | None = None) -> ResourceReport:
-    """Synthesize ``config``'s design (:func:`~.export.design_config`) for ``part`` and keep
-    the report under ``key``; ``progress`` gets the export's and yosys's stages, ``timeout``
-    bounds yosys (:func:`~.resources.synthesize`'s default if ``None``)."""
+                         timeout: float | None = None,
+                         reuse: bool = True) -> tuple[ResourceReport, bool]:
+    """``(report, synthesized)``: ``config``'s design (:func:`~.export.design_config`)
+    synthesized for ``part``, the report kept under ``key``; ``progress`` gets the export's and yosys's stages, ``timeout``
+    bounds yosys (:func:`~.resources.synthesize`'s default if ``None``).
+
+    The sources key misses whenever a source the export imports changed, even where this
+    design's Verilog did not (an edit for another config): the report is also kept under
+    the Verilog's own key, and found there without synthesizing again (unless not
+    ``reuse``: the caller asked for a new synthesis)."""
     stage = progress or (lambda text: None)
     verilog = export.verilog(export.design_config(config), stage)
-    bound = {} if timeout is None else {"timeout": timeout}
-    report = resources.synthesize(verilog, export.TOP_NAME, part,
-                                  progress=lambda name: stage(f"yosys {name}"), **bound)
+    by_text = cache_key(hashlib.sha256(verilog.encode()).hexdigest(), export.TOP_NAME, part)
+    report = load(by_text) if reuse else None
+    synthesized = report is None
+    if report is None:
+        bound = {} if timeout is None else {"timeout": timeout}
+        report = resources.synthesize(verilog, export.TOP_NAME, part,
+                                      progress=lambda name: stage(f"yosys {name}"), **bound)
+        store(by_text, report)
     store(key, report)
-    return report
+    return report, synthesized

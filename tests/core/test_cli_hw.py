@@ -85,6 +85,20 @@ def test_resources_prints_yosys_passes_as_stages_then_caches(fake_tools, capsys)
     assert fake_tools.runs() == 3 and "on xczu3eg" in capsys.readouterr().out
 
 
+def test_an_edit_elsewhere_finds_the_same_verilog_synthesised_before(fake_tools, capsys,
+                                                                      monkeypatch):
+    """A source changed (the sources key misses) but this design's Verilog did not."""
+    from tessera.hw.harness import verilator_build
+    assert main(["hw", "resources", "--config", "tiny"]) == 0 and fake_tools.runs() == 1
+    real = verilator_build.source_key
+    monkeypatch.setattr(verilator_build, "source_key", lambda c: real(c) + " edited")
+    assert main(["hw", "resources", "--config", "tiny"]) == 0
+    assert "the same Verilog was synthesised before" in capsys.readouterr().out
+    assert fake_tools.runs() == 1
+    assert main(["hw", "resources", "--config", "tiny"]) == 0      # now cached by sources
+    assert "same sources and yosys" in capsys.readouterr().out and fake_tools.runs() == 1
+
+
 def test_resources_checks_part_and_config_first(monkeypatch, capsys):
     _refuse_long_work(monkeypatch)
     assert main(["hw", "resources", "--config", "tiny", "--part", "xc7z045"]) == 2
