@@ -213,7 +213,7 @@ def _address_map(plan: FlowPlan, script: TclScript) -> None:
     for port in plan.ports:
         slave = board.slave(port.index)
         segment = f"{ps.instance}/{vivado.slave_map(slave)}/" \
-                  f"{ps.slave_segment.format(k=port.index)}"
+                  f"{board.slave_segment(port.index)}"
         script.emit(
             f"assign_bd_address -offset {board.dram.base:#010x} -range {board.dram.size:#010x} "
             f"-target_address_space [get_bd_addr_spaces {IP_INSTANCE}/{port.name}] "

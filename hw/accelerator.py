@@ -14,7 +14,8 @@
     token queues: load->compute, compute->load, compute->store, store->compute
 
 Every module's DMA goes through the AXI4 master of the DRAM port the config
-assigns it (``tessera.regmap.axi_ports``). A ``start`` resets every module,
+assigns it (``tessera.regmap.axi_ports``; the load module's through each of its
+ports when it has several). A ``start`` resets every module,
 queue and FIFO (not the buffers), so a run never sees the state of the last.
 """
 from __future__ import annotations
@@ -155,13 +156,20 @@ class Accelerator(wiring.Component):
             if p.writer:
                 names += [("store", n) for n in axi_write_members(p.data_bits)]
             for module, name in names:
-                src = getattr(engines[module].axi, name)
+                src = getattr(_master(self.config, engines[module], module, p.index), name)
                 dst = getattr(port, name)
                 flow = axi_signature(p.data_bits).members[name].flow
                 if flow == Out:
                     m.d.comb += dst.eq(src)
                 else:
                     m.d.comb += src.eq(dst)
+
+
+def _master(config: HwConfig, engine, module: str, port: int):
+    """``module``'s AXI master on DRAM port ``port``: ``axi``, or for the load module's
+    ``k``-th of several ports its ``axi<k>``."""
+    k = config.ports_of(module).index(port)
+    return getattr(engine, "axi" if k == 0 else f"axi{k}")
 
 
 def _run_scoped(m: Module, ctrl: Control, name: str, component):

@@ -14,10 +14,11 @@ from tessera.config import ACC_BANKS, HwConfig
 from tessera.isa import INSN_BITS, Alu, Finish, Gemm, Instruction, Load, MemType, Opcode, get_isa
 from tessera.isa.encoding import OPCODE_BITS
 from tessera.regmap import axi_id
-from tessera.timing import COMPUTE_UNITS, compute_unit, units_awaited, units_taken
+from tessera.timing import COMPUTE_UNITS, compute_unit, load_ports, units_awaited, units_taken
 
 from tessera.regmap import ERROR_CODE_BITS
-from .dma import DmaReader, load_modules
+from .dma import load_modules
+from .dma_reader import DmaReader
 from .dma_writer import DmaWriter
 from .layouts import alu_layout, gemm_layout, mem_layout
 from .ports import axi_read_members, axi_signature, sram_read_signature, sram_write_signature
@@ -60,22 +61,24 @@ def _serves(eng: DmaReader, mem) -> Value:
     return Cat(*(mem == mt for mt in eng.mems)).any()
 
 
-def _share_read_port(m: Module, axi, engines: dict, selected: Signal) -> None:
+def _share_read_port(m: Module, axi, engines: dict, selected: Signal, piece: int = 0) -> None:
     """Engines of one module take turns on its AXI read port (one instruction at a time):
     the engine serving the ``selected`` memory type drives the master's outputs, and only
-    it sees the handshakes."""
+    it sees the handshakes. ``piece``: which of the module's ports ``axi`` is (its
+    ``piece``-th, served by the engines reading over more than ``piece`` ports)."""
     members = axi_read_members(len(axi.rdata))
+    engines = {mt: eng for mt, eng in engines.items() if len(eng.axis) > piece}
     for eng in engines.values():
         mine = _serves(eng, selected)
         for name, member in members.items():
             if member.flow == In:
                 gated = name in ("arready", "rvalid")
-                m.d.comb += getattr(eng.axi, name).eq(getattr(axi, name) & mine if gated
-                                                      else getattr(axi, name))
+                m.d.comb += getattr(eng.axis[piece], name).eq(
+                    getattr(axi, name) & mine if gated else getattr(axi, name))
     with m.Switch(selected):
         for eng in engines.values():
             with m.Case(*eng.mems):
-                m.d.comb += [getattr(axi, name).eq(getattr(eng.axi, name))
+                m.d.comb += [getattr(axi, name).eq(getattr(eng.axis[piece], name))
                              for name, member in members.items() if member.flow == Out]
 
 
@@ -95,20 +98,25 @@ def _readers_for(config: HwConfig, module: str) -> dict[MemType, DmaReader]:
     mems = [mt for mt, owner in load_modules(config).items() if owner == module]
     return {mt: DmaReader(config, mt, axi_id(module),
                           also=tuple(s for s, host in _SHARED_READERS.items()
-                                     if host == mt and s in mems))
+                                     if host == mt and s in mems), ports=load_ports(config, mt))
             for mt in mems if mt not in _SHARED_READERS}
 
 
 class LoadModule(wiring.Component):
-    """Runs LOAD inp/wgt: one 2-D DMA engine per buffer, sharing the module's AXI port."""
+    """Runs LOAD inp/wgt: one 2-D DMA engine per buffer, sharing the module's AXI ports
+    (``axi``, then ``axi1``... when the config gives the load module several: the engines
+    whose entries split over them read a piece of each entry from each)."""
 
     def __init__(self, config: HwConfig) -> None:
         self.config = config
         c = config
         self.seq = Sequencer(config, INSN_BITS)
         self.readers = _readers_for(config, "load")
+        #: The AXI masters' member names, one per port of ``config.ports_of("load")``.
+        self.axi_names = ("axi",) + tuple(f"axi{p}" for p in range(1, len(c.ports_of("load"))))
         super().__init__({
-            "axi": Out(axi_signature(c.bus_bytes * 8, write=False)),
+            **{name: Out(axi_signature(c.bus_bytes * 8, write=False))
+               for name in self.axi_names},
             "inp_wr": Out(sram_write_signature(c.inp_index_bits, c.inp_entry_bytes * 8)),
             "wgt_wr": Out(sram_write_signature(c.wgt_index_bits, c.wgt_entry_bytes * 8)),
             "error": Out(ERROR_CODE_BITS), "error_index": Out(INDEX_BITS), "busy": Out(1),
@@ -126,7 +134,8 @@ class LoadModule(wiring.Component):
             m.d.sync += sel.eq(mem.mem)
         for eng in self.readers.values():
             m.d.comb += [eng.insn.eq(mem), eng.start.eq(seq.start & _serves(eng, mem.mem))]
-        _share_read_port(m, self.axi, self.readers, sel)
+        for piece, name in enumerate(self.axi_names):
+            _share_read_port(m, getattr(self, name), self.readers, sel, piece)
         for mt, port in ((MemType.INP, self.inp_wr), (MemType.WGT, self.wgt_wr)):
             m.d.comb += [port.addr.eq(self.readers[mt].sram.addr),
                          port.data.eq(self.readers[mt].sram.data),

@@ -347,7 +347,11 @@ class _Run:
         t0 = k.now
         if is_load:
             yield cfg.dram_latency
-        yield self.dram.transfer(cfg.port_of(module), cost.data_cycles, cost.beats * cfg.bus_bytes)
+        # A LOAD split over several ports streams an equal share of the beats on each.
+        share = cost.beats * cfg.bus_bytes // cost.ports
+        for flow in [self.dram.transfer(port, cost.data_cycles, share)
+                     for port in cfg.ports_of(module)[:cost.ports]]:
+            yield flow
         if not is_load:
             yield cfg.dram_latency  # the write response
         # Streaming at full rate is work; the latency and any contention slow-down are waiting.

@@ -63,6 +63,11 @@ class PsPort:
     width: str | None              # CONFIG parameter of its data width (None: fixed)
     widths: tuple[int, ...]        # data widths in bits it supports
 
+    @property
+    def short(self) -> str:
+        """Its short name (``S_AXI_HPC0_FPD`` -> ``HPC0``), as address segments name it."""
+        return self.name.split("_")[2]
+
 
 @dataclass(frozen=True)
 class Pll:
@@ -98,7 +103,7 @@ class ProcessingSystem:
     master: PsPort                 # reaches our s_axi_control
     master_window: Window          # what that master addresses
     slaves: tuple[PsPort, ...]     # the HP ports our masters use, in order
-    slave_segment: str             # address segment of DDR through slave k ({k})
+    slave_segment: str             # address segment of DDR through a slave ({port}: short)
     irq: str                       # PL-to-PS interrupt pin our interrupt drives
     irq_enable: tuple[tuple[str, str], ...]   # CONFIG parameters enabling it
 
@@ -132,7 +137,7 @@ class Board:
         for port in axi_ports(config):
             if port.index >= len(self.ps.slaves):
                 raise ConfigError(f"config {config.name!r} uses DRAM port {port.index}, board "
-                                  f"{self.name} has {len(self.ps.slaves)} HP ports: set "
+                                  f"{self.name} has {len(self.ps.slaves)} slave ports: set "
                                   f"module_ports to ports below {len(self.ps.slaves)}")
             if bits not in self.ps.slaves[port.index].widths:
                 raise ConfigError(f"config {config.name!r} has a {bits}-bit bus, the HP ports "
@@ -142,6 +147,10 @@ class Board:
     def slave(self, port: int) -> PsPort:
         """The PS slave port our DRAM master ``m_axi_p<port>`` connects to (HP<port>)."""
         return self.ps.slaves[port]
+
+    def slave_segment(self, port: int) -> str:
+        """The address segment of DDR behind the slave of ``m_axi_p<port>``."""
+        return self.ps.slave_segment.format(port=self.slave(port).short)
 
     def pl_clock(self, mhz: float) -> PlClock:
         """The divisors of the PS PLL closest to ``mhz``, and the frequency they give (what
@@ -166,10 +175,17 @@ def _zynq_hp(k: int) -> PsPort:
     return PsPort(f"S_AXI_HP{k}", f"PCW_USE_S_AXI_HP{k}", f"PCW_S_AXI_HP{k}_DATA_WIDTH", (32, 64))
 
 
-def _zynqmp_hp(k: int) -> PsPort:
-    # The FPD high-performance ports HP0..HP3 are the PS's slave GP2..GP5.
-    return PsPort(f"S_AXI_HP{k}_FPD", f"PSU__USE__S_AXI_GP{k + 2}",
-                  f"PSU__SAXIGP{k + 2}__DATA_WIDTH", (32, 64, 128))
+def _zynqmp_slave(name: str, gp: int) -> PsPort:
+    return PsPort(f"S_AXI_{name}_FPD", f"PSU__USE__S_AXI_GP{gp}",
+                  f"PSU__SAXIGP{gp}__DATA_WIDTH", (32, 64, 128))
+
+
+#: The ZynqMP's FPD slave ports our masters may use, as DRAM ports 0..5: the
+#: high-performance HP0..HP3 (the PS's slave GP2..GP5), then the coherent HPC0 and HPC1
+#: (slave GP0, GP1; our masters issue non-coherent reads, so they serve as two more HP
+#: ports; the zcu104 preset's load module reads over HP1 and HPC0).
+_ZYNQMP_SLAVES = tuple(_zynqmp_slave(f"HP{k}", k + 2) for k in range(4)) + \
+    tuple(_zynqmp_slave(f"HPC{k}", k) for k in range(2))
 
 
 #: Zynq-7000 PS of the PYNQ-Z1/Z2: 50 MHz PS_CLK, IO PLL at 1000 MHz.
@@ -179,7 +195,7 @@ PS7 = ProcessingSystem(
     fclk="FCLK_CLK0", fclk_reset="FCLK_RESET0_N", fclk_param="PCW_FPGA0_PERIPHERAL_FREQMHZ",
     master=PsPort("M_AXI_GP0", "PCW_USE_M_AXI_GP0", None, (32,)),
     master_window=Window(0x4000_0000, 0x4000_0000),
-    slaves=tuple(_zynq_hp(k) for k in range(4)), slave_segment="HP{k}_DDR_LOWOCM",
+    slaves=tuple(_zynq_hp(k) for k in range(4)), slave_segment="{port}_DDR_LOWOCM",
     irq="IRQ_F2P", irq_enable=(("PCW_USE_FABRIC_INTERRUPT", "1"), ("PCW_IRQ_F2P_INTR", "1")),
 )
 
@@ -191,7 +207,7 @@ PSU = ProcessingSystem(
     master=PsPort("M_AXI_HPM0_FPD", "PSU__USE__M_AXI_GP0", "PSU__MAXIGP0__DATA_WIDTH",
                   (32, 64, 128)),
     master_window=Window(0xA000_0000, 0x1000_0000),
-    slaves=tuple(_zynqmp_hp(k) for k in range(4)), slave_segment="HP{k}_DDR_LOW",
+    slaves=_ZYNQMP_SLAVES, slave_segment="{port}_DDR_LOW",
     irq="pl_ps_irq0", irq_enable=(("PSU__USE__IRQ0", "1"),),
 )
 

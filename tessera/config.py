@@ -17,6 +17,9 @@ from .errors import CLI, PYTHON, ConfigError
 
 #: The four modules of the accelerator, in the order ``module_ports`` lists them.
 MODULES: tuple[str, ...] = ("fetch", "load", "compute", "store")
+#: The one module that may read over several DRAM ports (``module_ports`` gives it a
+#: tuple): each LOAD's entries are then split between them (``tessera.timing.load_ports``).
+MULTI_PORT_MODULE = "load"
 
 _SUPPORTED_WIDTHS = {
     "inp_width": (8, 16),
@@ -74,7 +77,9 @@ class HwConfig:
     # DRAM system.
     bus_bytes: int = 8
     dram_ports: int = 4
-    module_ports: tuple[int, int, int, int] = (0, 1, 2, 3)
+    # Each module's DRAM port, in MODULES order; the load module may name a tuple of
+    # several (a power of two of them), read at once (docs/timing.md, "LOAD and STORE").
+    module_ports: tuple[int | tuple[int, ...], ...] = (0, 1, 2, 3)
     dram_latency: int = 32
     ddr_bytes_per_cycle: float = 21.0
     max_burst_beats: int = 16
@@ -83,8 +88,9 @@ class HwConfig:
     part: str = "xc7z020clg400-1"
 
     def __post_init__(self) -> None:
-        if isinstance(self.module_ports, list):      # as JSON gives it
-            object.__setattr__(self, "module_ports", tuple(self.module_ports))
+        if isinstance(self.module_ports, (list, tuple)):      # lists as JSON gives them
+            object.__setattr__(self, "module_ports",
+                               tuple(_canonical_ports(p) for p in self.module_ports))
         self._validate()
 
     # ----------------------------------------------------------- validation
@@ -132,10 +138,9 @@ class HwConfig:
         if not isinstance(self.module_ports, tuple) or len(self.module_ports) != len(MODULES):
             fail(f"module_ports must give one port for each of {MODULES}, not "
                  f"{self.module_ports!r}")
-        for module, port in zip(MODULES, self.module_ports):
-            if not isinstance(port, int) or not 0 <= port < self.dram_ports:
-                fail(f"module_ports[{module}] must be a port in [0, {self.dram_ports - 1}], "
-                     f"not {port!r}")
+        for module, ports in zip(MODULES, self.module_ports):
+            self._validate_ports(module, ports, fail)
+
         if self.dram_latency < 1:
             fail(f"dram_latency must be at least 1 cycle, not {self.dram_latency}")
         if not self.ddr_bytes_per_cycle > 0:
@@ -144,6 +149,31 @@ class HwConfig:
             fail(f"max_burst_beats must be in [1, 256] (AXI4), not {self.max_burst_beats}")
         if not self.clock_mhz > 0:
             fail(f"clock_mhz must be positive, not {self.clock_mhz}")
+
+    def _validate_ports(self, module: str, ports: int | tuple[int, ...], fail) -> None:
+        """``module``'s entry of ``module_ports``: ports that exist; several only for the
+        load module, a power of two of distinct ones that no other reading module uses."""
+        several = isinstance(ports, tuple)
+        for port in ports if several else (ports,):
+            if not isinstance(port, int) or isinstance(port, bool) \
+                    or not 0 <= port < self.dram_ports:
+                fail(f"module_ports[{module}] must be a port in [0, {self.dram_ports - 1}]"
+                     f"{' or a tuple of them' if module == MULTI_PORT_MODULE else ''}, "
+                     f"not {port!r}")
+        if not several:
+            return
+        if module != MULTI_PORT_MODULE:
+            fail(f"module_ports[{module}] names several ports {ports}: only the "
+                 f"{MULTI_PORT_MODULE} module reads over more than one")
+        if len(set(ports)) != len(ports) or len(ports) & (len(ports) - 1):
+            fail(f"module_ports[{module}] must be a power of two of distinct ports, not "
+                 f"{ports}")
+        readers = {m: self.ports_of(m) for m in MODULES if m not in (module, "store")}
+        shared = sorted({p for m in readers for p in readers[m]} & set(ports))
+        if shared:
+            fail(f"module_ports[{module}] shares port(s) {shared} with "
+                 f"{[m for m in readers if set(readers[m]) & set(ports)]}: a module reading "
+                 "over several ports has them to itself")
 
     # ------------------------------------------------------ derived sizes
     @property
@@ -207,12 +237,18 @@ class HwConfig:
         """Peak throughput in giga-operations per second (a MAC is two ops)."""
         return 2 * self.peak_macs_per_cycle * self.clock_mhz / 1000.0
 
-    def port_of(self, module: str) -> int:
-        """The DRAM port ``module`` (one of :data:`MODULES`) uses."""
+    def ports_of(self, module: str) -> tuple[int, ...]:
+        """The DRAM ports ``module`` (one of :data:`MODULES`) uses: one, or the load
+        module's several."""
         try:
-            return self.module_ports[MODULES.index(module)]
+            ports = self.module_ports[MODULES.index(module)]
         except ValueError:
             raise ConfigError(f"unknown module {module!r}; expected one of {MODULES}") from None
+        return ports if isinstance(ports, tuple) else (ports,)
+
+    def port_of(self, module: str) -> int:
+        """The DRAM port ``module`` uses (the first of the load module's several)."""
+        return self.ports_of(module)[0]
 
     def cycles_to_seconds(self, cycles: float) -> float:
         return cycles / (self.clock_mhz * 1e6)
@@ -224,7 +260,8 @@ class HwConfig:
     # ------------------------------------------------------------ JSON
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        d["module_ports"] = dict(zip(MODULES, self.module_ports))
+        d["module_ports"] = {m: list(p) if isinstance(p, tuple) else p
+                              for m, p in zip(MODULES, self.module_ports)}
         return d
 
     @classmethod
@@ -279,6 +316,14 @@ _CONFIG_FILE_FIX = {
          "get_config; get_config('pynq').save('my.json')\", and edit its values"}
 
 
+def _canonical_ports(ports: Any) -> Any:
+    """A ``module_ports`` entry as :class:`HwConfig` keeps it: a list as a tuple, one port
+    as an int (so a config's JSON, and its id, stay those of a single-port config)."""
+    if isinstance(ports, (list, tuple)):
+        return ports[0] if len(ports) == 1 else tuple(ports)
+    return ports
+
+
 def _json_object(text: str) -> dict[str, Any]:
     """``text`` parsed as a JSON object (:class:`ConfigError` otherwise)."""
     try:
@@ -306,11 +351,13 @@ PRESETS: dict[str, HwConfig] = {
         dram_latency=8, ddr_bytes_per_cycle=16.0, part="xc7z020clg400-1",
     ),
     # ZCU104 (xczu7ev): 32x32 core at 200 MHz, 128-bit HP ports, DDR4 at
-    # 19.2 GB/s (96 bytes per cycle at 200 MHz).
+    # 19.2 GB/s (96 bytes per cycle at 200 MHz). The load module reads over two ports
+    # (HP1 and HPC0, 32 bytes per cycle): layer4's 3x3 weights (one use each at batch 1)
+    # would otherwise bound ResNet-18 at 1.12x its compute floor through one.
     "zcu104": HwConfig(
         name="zcu104", batch=1, block_in=32, block_out=32,
         uop_depth=8192, inp_depth=2048, wgt_depth=1024, acc_depth=2048, out_depth=2048,
-        bus_bytes=16, dram_latency=40, ddr_bytes_per_cycle=96.0, clock_mhz=200.0,
+        bus_bytes=16, dram_ports=5, module_ports=(0, (1, 4), 2, 3), dram_latency=40, ddr_bytes_per_cycle=96.0, clock_mhz=200.0,
         part="xczu7ev-ffvc1156-2-e",
     ),
 }

@@ -167,7 +167,7 @@ def _ip_module(config: HwConfig, board: Board, clock: PlClock) -> Element:
     _address_block(SubElement(module, "ADDRESSBLOCKS"), board.registers.size)
     memory_map = SubElement(module, "MEMORYMAP")
     for port in axi_ports(config):
-        _memrange(memory_map, ps.slave_segment.format(k=port.index), board.dram.base,
+        _memrange(memory_map, board.slave_segment(port.index), board.dram.base,
                   board.dram.high, ps.instance, port.name, "MEMORY",
                   board.slave(port.index).name)
     ports = SubElement(module, "PORTS")

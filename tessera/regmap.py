@@ -7,7 +7,8 @@ it.
 
 Control registers sit behind a 32-bit AXI4-Lite slave (``s_axi_control``).
 The DRAM masters are AXI4 ports named ``m_axi_p<k>``, one per DRAM port the
-config's ``module_ports`` uses; see :func:`axi_ports`.
+config's ``module_ports`` uses (the load module may read over several); see
+:func:`axi_ports`.
 """
 from __future__ import annotations
 
@@ -136,7 +137,7 @@ def axi_ports(config: HwConfig) -> list[AxiPort]:
     """The AXI4 master ports of ``config``, in port order (unused ports omitted)."""
     ports = []
     for p in range(config.dram_ports):
-        users = [m for m in MODULES if config.port_of(m) == p]
+        users = [m for m in MODULES if p in config.ports_of(m)]
         if users:
             ports.append(AxiPort(p, tuple(m for m in users if m != "store"), "store" in users,
                                  config.bus_bytes * 8))

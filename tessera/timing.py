@@ -12,7 +12,7 @@ import numpy as np
 
 from .config import HwConfig
 from .isa.encoding import INSN_BYTES, get_isa
-from .isa.instructions import Alu, Gemm, Instruction, Load, _MemInsn
+from .isa.instructions import LOAD_MODULE, Alu, Gemm, Instruction, Load, MemType, _MemInsn
 from .isa.intrinsics import ALU_OPS
 
 #: Cycles a module spends decoding a LOAD/STORE and setting up its address generator.
@@ -92,9 +92,10 @@ def finish_cycles() -> int:
 class DmaCost:
     """The cost of one LOAD or STORE.
 
-    ``beats``: bus beats on the DRAM port (each ``bus_bytes`` wide).
+    ``beats``: bus beats on the DRAM ports (each ``bus_bytes`` wide), all ports together.
+    ``ports``: how many ports the beats are split over, evenly (:func:`load_ports`).
     ``data_cycles``: cycles to stream the data with no contention, at most one
-    beat and one SRAM entry per cycle, row by row.
+    beat per port and one SRAM entry per cycle, row by row.
     ``pad_cycles``: one cycle per zero-padding entry written (loads only).
     The instruction takes ``DMA_SETUP_CYCLES + pad_cycles``, then (if
     ``data_cycles``) ``dram_latency`` plus the streaming time of
@@ -104,6 +105,19 @@ class DmaCost:
     beats: int
     data_cycles: int
     pad_cycles: int
+    ports: int = 1
+
+
+def load_ports(config: HwConfig, mem: MemType) -> int:
+    """How many DRAM ports a LOAD of ``mem`` reads over at once: the load module's ports
+    (``HwConfig.ports_of``) when it runs the LOAD and an entry of ``mem`` spans a multiple
+    of that many beats (port ``p`` then reads the ``p``-th equal piece of every entry),
+    else 1 (an entry narrower than that would need more than one SRAM write per cycle)."""
+    if LOAD_MODULE.get(mem) != "load":
+        return 1
+    ports = len(config.ports_of("load"))
+    beats_per_entry = get_isa(config).elem_bytes(mem) // config.bus_bytes
+    return ports if beats_per_entry and beats_per_entry % ports == 0 else 1
 
 
 def dma_cost(config: HwConfig, insn: _MemInsn) -> DmaCost:
@@ -115,12 +129,14 @@ def dma_cost(config: HwConfig, insn: _MemInsn) -> DmaCost:
     rows = np.arange(insn.y_size, dtype=np.int64)
     starts = (insn.dram_base + rows * insn.x_stride) * elem
     beats = -(-(starts % bus + insn.x_size * elem) // bus)
-    data_cycles = int(np.maximum(beats, insn.x_size).sum())
+    ports = load_ports(config, insn.mem) if isinstance(insn, Load) else 1
+    # Split over ports, entries span whole beats, so every row's beats divide evenly.
+    data_cycles = int(np.maximum(beats // ports, insn.x_size).sum())
     pads = 0
     if isinstance(insn, Load):
         total = (insn.y_pad_0 + insn.y_size + insn.y_pad_1) * (insn.x_pad_0 + insn.x_size + insn.x_pad_1)
         pads = total - insn.y_size * insn.x_size
-    return DmaCost(int(beats.sum()), data_cycles, pads)
+    return DmaCost(int(beats.sum()), data_cycles, pads, ports)
 
 
 def fetch_chunk_insns(config: HwConfig) -> int:

@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from tessera.config import HwConfig
+from tessera.config import PRESETS, HwConfig
 from tessera.isa import (Finish, Instruction, Load, MemType, Program, Store, Uop, get_isa,
                          module_of)
 from tessera.sim import SimResult, simulate
@@ -105,11 +105,17 @@ def single_shot(config: HwConfig, *, segments: Mapping[str, np.ndarray | int] = 
     return p
 
 
+#: The load module over two ports (a LOAD wgt's two-beat entries split, a beat per port),
+#: DDR wide enough for every port at once.
+TINY_2LOAD = PRESETS["tiny"].replace(name="tiny-2load", dram_ports=5,
+                                     module_ports=(0, (1, 4), 2, 3), ddr_bytes_per_cycle=64.0)
+
 #: Configs the ``rtl`` backend runs (one Verilator build each): tiny ones in the default
-#: test run; benchmarks/rtl_agreement.py sets TESSERA_RTL_CONFIGS=pynq. On the ``pynq``
-#: backend these configs run on the RTL-backed simulated board, the others on the
-#: simulator-backed one.
-RTL_CONFIGS = tuple(os.environ.get("TESSERA_RTL_CONFIGS", "tiny,tiny-b2").split(","))
+#: test run (``tiny-2load``: :data:`TINY_2LOAD`); benchmarks/rtl_agreement.py sets
+#: TESSERA_RTL_CONFIGS=pynq. On the ``pynq`` backend these configs run on the RTL-backed
+#: simulated board, the others on the simulator-backed one.
+RTL_CONFIGS = tuple(os.environ.get("TESSERA_RTL_CONFIGS",
+                                   "tiny,tiny-b2,tiny-2load").split(","))
 #: If set, every simulator-vs-device comparison appends a JSON line to this file.
 RTL_REPORT = os.environ.get("TESSERA_RTL_REPORT")
 #: Cycle agreement required when concurrent DRAM transfers shared bandwidth.

@@ -49,7 +49,7 @@ set_property supported_families {zynquplus Production} $core
 
 # The packager infers the AXI interfaces from the port names (<interface>_awvalid...), the
 # clock and the reset; stop here if it missed one.
-foreach busif {s_axi_control m_axi_p0 m_axi_p1 m_axi_p2 m_axi_p3 aclk aresetn} {
+foreach busif {s_axi_control m_axi_p0 m_axi_p1 m_axi_p2 m_axi_p3 m_axi_p4 aclk aresetn} {
     if {[ipx::get_bus_interfaces $busif -of_objects $core] eq ""} {
         tessera_fail "the IP packager did not infer the interface $busif from the ports of tessera_top.v"
     }
@@ -61,7 +61,7 @@ set irq [ipx::get_bus_interfaces interrupt -of_objects $core]
 set sensitivity [ipx::get_bus_parameters SENSITIVITY -of_objects $irq]
 if {$sensitivity eq ""} {set sensitivity [ipx::add_bus_parameter SENSITIVITY $irq]}
 set_property value LEVEL_HIGH $sensitivity
-foreach busif {s_axi_control m_axi_p0 m_axi_p1 m_axi_p2 m_axi_p3} {
+foreach busif {s_axi_control m_axi_p0 m_axi_p1 m_axi_p2 m_axi_p3 m_axi_p4} {
     ipx::associate_bus_interfaces -busif $busif -clock aclk $core
 }
 ipx::associate_bus_interfaces -clock aclk -reset aresetn $core
@@ -95,7 +95,7 @@ foreach {register offset description} {
 }
 
 # Each master addresses the 32-bit space its DDR segment is mapped into.
-foreach master {m_axi_p0 m_axi_p1 m_axi_p2 m_axi_p3} {
+foreach master {m_axi_p0 m_axi_p1 m_axi_p2 m_axi_p3 m_axi_p4} {
     set space [ipx::get_address_spaces $master -of_objects $core]
     if {$space eq ""} {set space [ipx::add_address_space $master $core]}
     set_property range 4294967296 $space
@@ -130,6 +130,9 @@ set_property -dict [list \
     CONFIG.PSU__SAXIGP4__DATA_WIDTH {128} \
     CONFIG.PSU__USE__S_AXI_GP5 {1} \
     CONFIG.PSU__SAXIGP5__DATA_WIDTH {128} \
+    CONFIG.PSU__USE__S_AXI_GP0 {1} \
+    CONFIG.PSU__SAXIGP0__DATA_WIDTH {128} \
+    CONFIG.PSU__USE__S_AXI_GP1 {0} \
     CONFIG.PSU__USE__IRQ0 {1} \
     CONFIG.PSU__FPGA_PL0_ENABLE {1} \
     CONFIG.PSU__CRL_APB__PL0_REF_CTRL__SRCSEL {IOPLL} \
@@ -178,6 +181,10 @@ create_bd_cell -type ip -vlnv xilinx.com:ip:smartconnect:1.0 p3_smartconnect
 set_property -dict [list CONFIG.NUM_SI {1} CONFIG.NUM_MI {1}] [get_bd_cells p3_smartconnect]
 connect_bd_intf_net [get_bd_intf_pins tessera_0/m_axi_p3] [get_bd_intf_pins p3_smartconnect/S00_AXI]
 connect_bd_intf_net [get_bd_intf_pins p3_smartconnect/M00_AXI] [get_bd_intf_pins zynq_ultra_ps_e_0/S_AXI_HP3_FPD]
+create_bd_cell -type ip -vlnv xilinx.com:ip:smartconnect:1.0 p4_smartconnect
+set_property -dict [list CONFIG.NUM_SI {1} CONFIG.NUM_MI {1}] [get_bd_cells p4_smartconnect]
+connect_bd_intf_net [get_bd_intf_pins tessera_0/m_axi_p4] [get_bd_intf_pins p4_smartconnect/S00_AXI]
+connect_bd_intf_net [get_bd_intf_pins p4_smartconnect/M00_AXI] [get_bd_intf_pins zynq_ultra_ps_e_0/S_AXI_HPC0_FPD]
 # One clock for everything; the reset synchronised to it.
 connect_bd_net [get_bd_pins clk_wiz_0/clk_out1] \
     [get_bd_pins tessera_0/aclk] \
@@ -193,7 +200,9 @@ connect_bd_net [get_bd_pins clk_wiz_0/clk_out1] \
     [get_bd_pins p2_smartconnect/aclk] \
     [get_bd_pins zynq_ultra_ps_e_0/saxihp2_fpd_aclk] \
     [get_bd_pins p3_smartconnect/aclk] \
-    [get_bd_pins zynq_ultra_ps_e_0/saxihp3_fpd_aclk]
+    [get_bd_pins zynq_ultra_ps_e_0/saxihp3_fpd_aclk] \
+    [get_bd_pins p4_smartconnect/aclk] \
+    [get_bd_pins zynq_ultra_ps_e_0/saxihpc0_fpd_aclk]
 connect_bd_net [get_bd_pins zynq_ultra_ps_e_0/pl_resetn0] [get_bd_pins reset_aclk/ext_reset_in]
 connect_bd_net [get_bd_pins reset_aclk/interconnect_aresetn] [get_bd_pins control_interconnect/ARESETN]
 connect_bd_net [get_bd_pins reset_aclk/peripheral_aresetn] \
@@ -203,7 +212,8 @@ connect_bd_net [get_bd_pins reset_aclk/peripheral_aresetn] \
     [get_bd_pins p0_smartconnect/aresetn] \
     [get_bd_pins p1_smartconnect/aresetn] \
     [get_bd_pins p2_smartconnect/aresetn] \
-    [get_bd_pins p3_smartconnect/aresetn]
+    [get_bd_pins p3_smartconnect/aresetn] \
+    [get_bd_pins p4_smartconnect/aresetn]
 connect_bd_net [get_bd_pins tessera_0/interrupt] [get_bd_pins zynq_ultra_ps_e_0/pl_ps_irq0]
 
 # Address map: our registers where tessera.hwh and the driver expect them, and the DDR
@@ -213,6 +223,7 @@ assign_bd_address -offset 0x00000000 -range 0x80000000 -target_address_space [ge
 assign_bd_address -offset 0x00000000 -range 0x80000000 -target_address_space [get_bd_addr_spaces tessera_0/m_axi_p1] [get_bd_addr_segs zynq_ultra_ps_e_0/SAXIGP3/HP1_DDR_LOW] -force
 assign_bd_address -offset 0x00000000 -range 0x80000000 -target_address_space [get_bd_addr_spaces tessera_0/m_axi_p2] [get_bd_addr_segs zynq_ultra_ps_e_0/SAXIGP4/HP2_DDR_LOW] -force
 assign_bd_address -offset 0x00000000 -range 0x80000000 -target_address_space [get_bd_addr_spaces tessera_0/m_axi_p3] [get_bd_addr_segs zynq_ultra_ps_e_0/SAXIGP5/HP3_DDR_LOW] -force
+assign_bd_address -offset 0x00000000 -range 0x80000000 -target_address_space [get_bd_addr_spaces tessera_0/m_axi_p4] [get_bd_addr_segs zynq_ultra_ps_e_0/SAXIGP0/HPC0_DDR_LOW] -force
 validate_bd_design
 save_bd_design
 

@@ -31,7 +31,7 @@ from .convplan import (Budget, ConvGeom, ConvPlan, LAST_TILE_CHUNKS, PIPELINE_RE
                        tile_planes, tile_replicas)
 from .convweights import interleave_terms, step_weights
 from .convcost import cached_conv_plans, interleave
-from .poolfuse import FusedPool, check_pool_plan, fused_pool_plans
+from .poolfuse import FusedPool, check_pool_plan, epilogue_commutes, fused_pool_plans
 from .simtune import SimTuner
 
 def acc_bound(weight: np.ndarray, config: HwConfig) -> tuple[int, int]:
@@ -475,9 +475,12 @@ class ConvTensorizer:
         group's epilogue, so little of the final store is exposed)."""
         t = s.tile
         items = self._replica_sums(s)
-        if self.fused is not None:   # the whole tile's epilogue, then the pool
-            return items + self.fused.items(self._chunk_epilogue(s, epilogue_chunks(t, 1)[0]),
-                                            t, s.acc_slot, self.plan.regions, self.region_base)
+        if self.fused is not None:   # the tile's epilogue and its pool, in the cheaper order
+            after = epilogue_commutes(self.ep)
+            epilogue = self._chunk_epilogue(s, epilogue_chunks(t, 1)[0],
+                                            self.fused.pooled_dims(t) if after else None)
+            return items + self.fused.items(epilogue, t, s.acc_slot, self.plan.regions,
+                                            self.region_base, after=after)
         for chunk in epilogue_chunks(t, chunks):
             items += [[i] for i in self._chunk_epilogue(s, chunk)]
             stores = self._chunk_stores(s, chunk)
@@ -502,8 +505,10 @@ class ConvTensorizer:
             items.append([Alu(alu_op=add.opcode, uop_begin=b, uop_end=e, **nest.fields("alu"))])
         return items
 
-    def _chunk_epilogue(self, s: Step, chunk: tuple[int | None, int, int]) -> list:
-        """The epilogue instructions of one plane group ``(nb, ob0, ob1)`` of the tile."""
+    def _chunk_epilogue(self, s: Step, chunk: tuple[int | None, int, int],
+                        pix_dims: tuple[tuple[int, int], ...] | None = None) -> list:
+        """The epilogue instructions of one plane group ``(nb, ob0, ob1)`` of the tile (of
+        the rows ``pix_dims`` gives in each plane, :func:`~.epilogue.tile_alu`)."""
         em, t = self.em, s.tile
         nb, oa, ob_ = chunk
         nb_n, ob_n, px, rows, R = self._shape(t)
@@ -521,7 +526,7 @@ class ConvTensorizer:
                           scratch_base=acc_base + R * rows + offset, scratch_stride=rows,
                           residual_loads=partial(self._residual_loads, t,
                                                  _image_blocks(t, nb), oa, ob_),
-                          where=self.where)
+                          where=self.where, pix_dims=pix_dims)
         finally:
             em.insns = em_insns
         return insns

@@ -87,6 +87,9 @@ class EpiloguePlan:
     #: the ALU table memory (its first entry; filled when the operator is emitted).
     tables: list[np.ndarray] = field(default_factory=list)
     table_bases: list[int] = field(default_factory=list)
+    #: Whether a step's values may leave int32 and wrap (the steps are then not all
+    #: non-decreasing functions of the accumulator, which :mod:`.poolfuse` relies on).
+    may_wrap: bool = False
 
     @property
     def residuals(self) -> list[str]:
@@ -135,7 +138,7 @@ class _StageLowering:
         """The values' new bounds; beyond int32 they wrap, so any int32 is possible."""
         self.lo, self.hi = lo, hi
         if lo < INT32_MIN or hi > INT32_MAX:
-            self.wrapped = True
+            self.wrapped = self.plan.may_wrap = True
             self.lo, self.hi = INT32_MIN, INT32_MAX
 
     def param(self, values: np.ndarray) -> int:
@@ -465,21 +468,25 @@ def emit_param_prologue(em: Emitter, op_name: str, ep: EpiloguePlan, ob_count: i
 
 
 def tile_alu(em: Emitter, ep: EpiloguePlan, st: EpStep, *, acc_base: int, nb_n: int, ob_n: int,
-             pixels: int, ob0: int, param_base: int, param_starts: list[int], where: str) -> Alu:
-    """One ALU step (an immediate or a parameter vector) over tile rows ``[nb][ob][pix]``."""
+             pixels: int, ob0: int, param_base: int, param_starts: list[int], where: str,
+             pix_dims: tuple[tuple[int, int], ...] | None = None) -> Alu:
+    """One ALU step (an immediate or a parameter vector) over tile rows ``[nb][ob][pix]``;
+    ``pix_dims``: only some rows of each plane, as ``(count, stride)`` loops (a fused pool's
+    pooled rows), else all ``pixels``."""
     op = ALU_OPS.by_name(st.op)
     use_imm = st.imm is not None
     if st.table is not None:
         st = replace(st, imm=ep.table_bases[st.table] + st.imm)
     rows = nb_n * ob_n * pixels
+    pix = [dim(f"pix{k}", n, dst=d) for k, (n, d) in enumerate(pix_dims or ((pixels, 1),))]
     if use_imm:
-        dims = [dim("rows", rows, dst=1)]
+        dims = [dim("rows", rows, dst=1)] if pix_dims is None else \
+            [dim("nb", nb_n, dst=ob_n * pixels), dim("ob", ob_n, dst=pixels), *pix]
         base = (acc_base, 0, 0)
     else:
         vec = ep.params[st.param]
         s = 1 if vec.size > 1 else 0
-        dims = [dim("nb", nb_n, dst=ob_n * pixels), dim("ob", ob_n, dst=pixels, src=s),
-                dim("pix", pixels, dst=1)]
+        dims = [dim("nb", nb_n, dst=ob_n * pixels), dim("ob", ob_n, dst=pixels, src=s), *pix]
         base = (acc_base, param_base + param_starts[st.param] + ob0 * s, 0)
     nest = map_nest(dims, base, kind="alu", isa=em.isa,
                     distance=op.timing.hazard_distance(use_imm),
@@ -492,10 +499,12 @@ def tile_alu(em: Emitter, ep: EpiloguePlan, st: EpStep, *, acc_base: int, nb_n: 
 def emit_epilogue(em: Emitter, ep: EpiloguePlan, *, acc_base: int, nb_n: int, ob_n: int,
                   pixels: int, ob0: int, param_base: int, param_starts: list[int],
                   scratch_base: int, residual_loads, where: str,
-                  scratch_stride: int = 0) -> None:
+                  scratch_stride: int = 0,
+                  pix_dims: tuple[tuple[int, int], ...] | None = None) -> None:
     """The tile's epilogue ALU steps (and residual loads/adds) over rows ``[nb][ob][pix]``.
     The scratch groups (:attr:`EpiloguePlan.scratch_groups`) lie ``scratch_stride`` rows
-    apart from ``scratch_base``."""
+    apart from ``scratch_base``. ``pix_dims``: only those rows of each plane (plain ALU
+    steps only, see :func:`tile_alu`)."""
     rows = nb_n * ob_n * pixels
     groups = {"acc": acc_base, **{g: scratch_base + k * scratch_stride
                                   for k, g in enumerate(ep.scratch_groups)}}
@@ -512,7 +521,7 @@ def emit_epilogue(em: Emitter, ep: EpiloguePlan, *, acc_base: int, nb_n: int, ob
         else:
             em.emit(tile_alu(em, ep, st, acc_base=groups[st.dst], nb_n=nb_n, ob_n=ob_n,
                              pixels=pixels, ob0=ob0, param_base=param_base,
-                             param_starts=param_starts, where=where))
+                             param_starts=param_starts, where=where, pix_dims=pix_dims))
 
 
 def _rows_alu(em: Emitter, op_name: str, dst: int, src: int, rows: int, where: str) -> Alu:

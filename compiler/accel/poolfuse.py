@@ -23,6 +23,12 @@ MOV of row ``2y``'s even columns to its first ``ow/2`` entries (contiguous, for 
 MAX with row ``2y+1`` and one with row ``2y-1`` (this tile's, or the tile above's last row;
 none in the first row, the padding). Odd rows stay intact: the tile below reads its top one.
 Padding never takes part, as in :mod:`.pool`: the result equals the unfused program's.
+
+When every epilogue step is a non-decreasing function of the accumulator (a per-channel
+ADD of the bias or a zero point, REQUANT, whose scales are never negative, clamps, shifts;
+none that can wrap: :func:`epilogue_commutes`), the maximum of the results is the result
+of the maximum: the pool then runs on the raw accumulators and the epilogue on the pooled
+entries alone, a quarter of the rows (``zcu104``'s conv1 was bound by its ALU).
 """
 from __future__ import annotations
 
@@ -45,6 +51,17 @@ from .ops import Conv2d, Op, Pool2d, Residual
 KERNEL, STRIDE, PAD = (3, 3), (2, 2), 1
 #: Output-channel tiles per band of rows: the tile above is this many tiles back.
 CHANNEL_TILES = 2
+#: ALU ops that are non-decreasing in the accumulator whatever their operand (REQUANT's
+#: scales are never negative; a wrapping ADD is excluded by ``EpiloguePlan.may_wrap``).
+NON_DECREASING_OPS = frozenset({"ADD", "MAX", "MIN", "CLIP", "SHR", "REQUANT"})
+
+
+def epilogue_commutes(ep: EpiloguePlan) -> bool:
+    """Whether ``ep``'s steps commute with a max pool (module doc): plain ALU steps on the
+    tile's own rows, each non-decreasing, none wrapping."""
+    return not ep.may_wrap and all(
+        st.kind == "alu" and st.op in NON_DECREASING_OPS and st.table is None
+        and st.src is None and st.dst == "acc" for st in ep.steps)
 
 
 def fusion_reason(conv: Conv2d, pool: Pool2d, conv_shape: tuple[int, int, int, int]
@@ -137,14 +154,21 @@ class FusedPool:
                             src_px=self.oh_t * w))
         return insns
 
+    def pooled_dims(self, t: Tile) -> tuple[tuple[int, int], ...]:
+        """Where tile ``t``'s pooled entries lie in each of its planes, as ``(count,
+        stride)`` loops: the first ``ow/2`` entries of every other row."""
+        return (((t.oy1 - t.oy0) // 2, 2 * self.w), (self.w // 2, 1))
+
     def items(self, epilogue: list[Instruction], t: Tile, region: int, regions: int,
-              region_base: Callable[[int], int]) -> list[list]:
+              region_base: Callable[[int], int], *, after: bool = False) -> list[list]:
         """The work items of tile ``t`` (in accumulator ``region`` of ``regions``, each
         starting at ``region_base(r)``) after its GEMMs: its ``epilogue``, the pool and, with
-        the last, the pooled stores."""
+        the last, the pooled stores (``after``: the pool first, the epilogue of the pooled
+        entries after it)."""
         base = region_base(region)
         above = region_base((region - CHANNEL_TILES) % regions)     # the tile above's
-        items = [[i] for i in [*epilogue, *self.insns(t, base, above)]]
+        pool = self.insns(t, base, above)
+        items = [[i] for i in ([*pool, *epilogue] if after else [*epilogue, *pool])]
         items[-1] += self.stores(t, base)
         return items
 

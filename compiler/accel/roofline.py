@@ -7,7 +7,8 @@ bytes an operator must move at least -- the input pixels its windows touch,
 its weights and output once, plus its per-channel parameters -- against the
 DRAM system: every module
 streams through its own port (``bus_bytes`` per cycle; the load module carries
-inputs and weights, the store module outputs) and all ports share
+inputs and weights, over each of its ports when a config gives it several and the
+LOAD splits, :func:`tessera.timing.load_ports`; the store module outputs) and all ports share
 ``ddr_bytes_per_cycle``, so the DRAM time is the larger of the busiest port's
 time and the total over the DDR rate.
 
@@ -23,7 +24,9 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from tessera import timing
 from tessera.config import HwConfig
+from tessera.isa import MemType
 from tessera.sparsity import block_density
 
 from .ops import Concat, Conv2d, ConvTranspose2d, Dense, Eltwise, Op, Pool2d
@@ -73,7 +76,8 @@ def conv_roofline(op: Conv2d | Dense, in_shape: tuple[int, int, int, int],
     w_b = int(conv.weight.size * density) * config.wgt_width // 8
     out_b = n * o * oh * ow * config.out_width // 8
     par_b = 2 * o * config.acc_width // 8   # bias and scale per channel
-    load_port = (in_b + w_b) / config.bus_bytes
+    load_port = (in_b / timing.load_ports(config, MemType.INP)
+                 + w_b / timing.load_ports(config, MemType.WGT)) / config.bus_bytes
     store_port = out_b / config.bus_bytes
     total = (in_b + w_b + out_b + par_b) / config.ddr_bytes_per_cycle
     return Roofline(macs, macs * density / config.peak_macs_per_cycle,

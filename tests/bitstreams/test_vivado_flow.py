@@ -99,7 +99,7 @@ def test_masters_reach_their_hp_ports_and_the_ddr(flow):
         address = record.address_of(IP_INSTANCE, port.name)
         assert (address.offset, address.range) == (board.dram.base, board.dram.size)
         assert address.segment.startswith(f"{ps.instance}/")
-        assert address.segment.endswith("/" + ps.slave_segment.format(k=port.index))
+        assert address.segment.endswith("/" + board.slave_segment(port.index))
         assert props[f"CONFIG.{slave.enable}"] == "1"
         assert props[f"CONFIG.{slave.width}"] == str(port.data_bits)
     used = {port.index for port in axi_ports(config)}

@@ -35,7 +35,39 @@ def test_json_round_trip(name, tmp_path):
     c.save(path)
     assert HwConfig.load(path) == c
     assert get_config(str(path)) == c
-    assert json.loads(c.to_json())["module_ports"] == dict(zip(MODULES, c.module_ports))
+    ports = {m: c.ports_of(m)[0] if len(c.ports_of(m)) == 1 else list(c.ports_of(m))
+             for m in MODULES}
+    assert json.loads(c.to_json())["module_ports"] == ports
+
+
+def test_load_module_reads_over_several_ports():
+    """The load module may name a tuple of ports (a JSON list); one port in a list is the
+    plain port, so the config and its JSON stay those of a single-port config."""
+    c = PRESETS["pynq"].replace(dram_ports=6, module_ports=(0, [1, 4], 2, 3))
+    assert c.ports_of("load") == (1, 4) and c.port_of("load") == 1
+    assert c.ports_of("store") == (3,)
+    assert HwConfig.from_json(c.to_json()) == c
+    single = PRESETS["pynq"].replace(module_ports=(0, [1], 2, 3))
+    assert single == PRESETS["pynq"] and single.to_json() == PRESETS["pynq"].to_json()
+
+
+@pytest.mark.parametrize("ports, message", [
+    ((0, (1, 4), (2, 5), 3), r"module_ports\[compute\] names several ports \(2, 5\): only the "
+                              "load module"),
+    ((0, (1, 1), 2, 3), r"power of two of distinct ports, not \(1, 1\)"),
+    ((0, (1, 4, 5), 2, 3), "power of two of distinct ports"),
+    ((0, (1, 2), 2, 3), r"shares port\(s\) \[2\] with \['compute'\]"),
+    ((0, (1, 6), 2, 3), r"module_ports\[load\] must be a port in \[0, 5\] or a tuple"),
+])
+def test_multi_port_validation(ports, message):
+    with pytest.raises(ConfigError, match=message):
+        PRESETS["pynq"].replace(dram_ports=6, module_ports=ports)
+
+
+def test_store_may_share_a_port_of_a_multi_port_load():
+    """The store only writes: its AXI channels are not the load's."""
+    c = PRESETS["pynq"].replace(dram_ports=5, module_ports=(0, (1, 4), 2, 4))
+    assert c.ports_of("store") == (4,)
 
 
 @pytest.mark.parametrize("changes, message", [

@@ -147,3 +147,27 @@ def test_ddr_limit_throttles_all_ports():
     event = next(e for e in simulate(p, trace=True).trace if e.name == "LOAD inp")
     # 2048 beats of 8 B at 4 B/cycle: twice the port-limited time.
     assert event.end - event.start == 2 + 32 + math.ceil(2048 * 8 / 4)
+
+
+ZCU104 = PRESETS["zcu104"]
+
+
+@pytest.mark.parametrize("mem, x_size, y_size, ports", [
+    (MemType.WGT, 9, 2, 2),      # 64 beats an entry: 32 on each of the two load ports
+    (MemType.INP, 9, 2, 2),      # 2 beats an entry: one on each port, one entry a cycle
+    (MemType.ACC8, 9, 2, 1),     # the compute module's: one port
+])
+def test_load_over_two_ports_streams_twice_the_beats(mem, x_size, y_size, ports):
+    """zcu104's load module reads over HP1 and HPC0: a LOAD inp/wgt streams a beat on each
+    per cycle (docs/timing.md, "LOAD and STORE"); the simulator takes that time."""
+    assert ZCU104.ports_of("load") == (1, 4)
+    event, _ = _run_one(ZCU104, Load(mem=mem, x_size=x_size, y_size=y_size, x_stride=x_size))
+    beats_per_entry = {MemType.WGT: 64, MemType.INP: 2, MemType.ACC8: 2}[mem]
+    data = y_size * max(x_size * beats_per_entry // ports, x_size)
+    assert event.end - event.start == 2 + ZCU104.dram_latency + data
+
+
+def test_one_load_port_config_times_as_before():
+    one = ZCU104.replace(name="zcu104-one-load-port", dram_ports=4, module_ports=(0, 1, 2, 3))
+    event, _ = _run_one(one, Load(mem=MemType.WGT, x_size=3, y_size=1, x_stride=3))
+    assert event.end - event.start == 2 + one.dram_latency + 3 * 64

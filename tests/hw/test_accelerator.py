@@ -18,7 +18,7 @@ from tessera.regmap import ErrorCode
 from tessera.sim import simulate
 
 from tests.fuzz_programs import random_program
-from tests.programs import load, out_bytes, single_shot, store
+from tests.programs import TINY_2LOAD, load, out_bytes, single_shot, store
 
 TINY = PRESETS["tiny"]
 
@@ -39,15 +39,16 @@ def _gemm_program(cfg):
 
 
 # ------------------------------------------------------- Amaranth simulator tier
+@pytest.mark.parametrize("cfg", [TINY, TINY_2LOAD], ids=lambda c: c.name)
 @pytest.mark.parametrize("name", ["gemm", "random"])
-def test_amaranth_simulation_agrees_with_simulator(name):
+def test_amaranth_simulation_agrees_with_simulator(name, cfg):
     from tessera.hw.harness.amaranth_sim import run_program
 
     if name == "gemm":
-        program = _gemm_program(TINY)
+        program = _gemm_program(cfg)
         sim = simulate(program)
     else:
-        program, sim = random_program(TINY, seed=3, family="instructions")
+        program, sim = random_program(cfg, seed=3, family="instructions")
     rtl = run_program(program, max_cycles=5000)
     assert rtl.error == ErrorCode.NONE
     assert np.array_equal(rtl.dram, sim.dram)

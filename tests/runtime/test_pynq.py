@@ -117,6 +117,21 @@ def test_board_facts():
         get_board("zedboard")
 
 
+def test_zcu104_load_module_reads_over_hp1_and_hpc0():
+    """The zcu104 preset's fifth DRAM port is the PS's HPC0 (its slave GP0), with its own
+    DDR segment; a board refuses a port it has no slave for."""
+    board, config = get_board("zcu104"), PRESETS["zcu104"]
+    assert [board.slave(p).name for p in config.ports_of("load")] == \
+        ["S_AXI_HP1_FPD", "S_AXI_HPC0_FPD"]
+    assert (board.slave_segment(1), board.slave_segment(4)) == ("HP1_DDR_LOW", "HPC0_DDR_LOW")
+    assert get_board("pynq-z1").slave_segment(2) == "HP2_DDR_LOWOCM"
+    with pytest.raises(ConfigError, match="uses DRAM port 6, board zcu104 has 6 slave ports"):
+        board.check(config.replace(dram_ports=7, module_ports=(0, (1, 6), 2, 3)))
+    with pytest.raises(ConfigError, match="uses DRAM port 4, board pynq-z2 has 4 slave ports"):
+        get_board("pynq-z2").check(PRESETS["pynq"].replace(dram_ports=5,
+                                                           module_ports=(0, (1, 4), 2, 3)))
+
+
 # ----------------------------------------------------------------- simulated board
 @pytest.mark.parametrize("name", sorted(BOARDS))
 def test_overlay_on_simulated_board(name):

@@ -53,3 +53,22 @@ def test_elementwise_bound_counts_each_operand_once():
     scalar = op_roofline(Eltwise("add", "add", "a", "y", 3), {"a": (1, 32, 7, 7)}.__getitem__,
                          PYNQ)
     assert scalar.dram_cycles == 32 * 49 / 8
+
+
+def test_zcu104_weights_stream_over_both_load_ports():
+    """layer4's 3x3 convolution at batch 1 (2.36 MB of weights, each used once): through
+    one 16-byte load port its weights bound it above its compute; over the zcu104 preset's
+    two load ports it is compute bound."""
+    from tessera.config import PRESETS
+
+    zcu = PRESETS["zcu104"]
+    one = zcu.replace(name="zcu104-one-load-port", dram_ports=4, module_ports=(0, 1, 2, 3))
+    w = np.ones((512, 512, 3, 3), np.int8)
+    op = Conv2d("l4", "x", "y", w, padding=1)
+    shape = {"x": (1, 512, 7, 7)}.__getitem__
+    compute = 512 * 512 * 9 * 49 / 1024
+    weights = 512 * 512 * 9
+    slow, fast = op_roofline(op, shape, one), op_roofline(op, shape, zcu)
+    assert slow.limit == "DRAM" and slow.dram_cycles > weights / 16 > compute
+    assert fast.limit == "compute" and fast.bound == compute
+    assert fast.dram_cycles < slow.dram_cycles / 2 + 1
