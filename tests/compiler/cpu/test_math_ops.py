@@ -333,7 +333,7 @@ def test_tanh_within_two_ulp() -> None:
     assert worst <= 2.0, f"{worst:.3f} ulp at x = {at!r}"
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive
 def test_tanh_within_two_ulp_over_every_float32() -> None:
     """Every float32 in [0, 10) (tanh is odd: the kernel takes |x| and copies the sign
     back; tests/compiler/cpu/test_elementwise.py checks the sign): 1.771 at worst, at
