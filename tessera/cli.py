@@ -20,7 +20,7 @@ from .cli_compress import add_compress_commands
 from .cli_hetero import add_hetero_commands, board_args, host_args, write_board_files
 from .cli_hw import add_hw_commands
 from .cli_inputs import calibration_samples, input_feeds, input_ranks, parse_shapes, random_feeds
-from .cli_output import third_party_output, verbose_arg
+from .cli_output import third_party_output, tune_arg, verbose_arg
 from .cli_dse import add_dse_commands
 from .cli_zoo import add_zoo_commands
 from .config import DEFAULT_PRESET, PRESETS, get_config
@@ -458,9 +458,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                         "is at most LSB output steps")
     p.add_argument("--dense-weights", action="store_true",
                    help="multiply zero weight blocks too (default: skipped; same results)")
-    p.add_argument("--tune", choices=("model", "sim"), default="model",
-                   help="sim: check each convolution's tiling on the simulator, which picks "
-                        "where the cost model is off (slower compile; default model)")
+    tune_arg(p)
     verbose_arg(p)
     host_args(p)
 

@@ -16,7 +16,7 @@ __all__ = ["add_dse_commands"]
 
 def add_dse_commands(sub: Any) -> None:
     """Register ``dse``."""
-    from .cli_output import verbose_arg
+    from .cli_output import tune_arg, verbose_arg
     p = sub.add_parser(
         "dse", help="sweep accelerator configs for some models on a part: resources (yosys), "
                     "latency (simulator), the Pareto set; runs on Ray",
@@ -39,9 +39,7 @@ def add_dse_commands(sub: Any) -> None:
     p.add_argument("--address", help="a Ray cluster's address (default: start Ray here)")
     p.add_argument("--no-synth", action="store_true",
                    help="skip synthesis: latency only, no resources or fit")
-    p.add_argument("--tune", choices=("model", "sim"), default="model",
-                   help="sim: the simulator picks a layer's tiling where the cost model is "
-                        "off (slower; the table says how often; default model)")
+    tune_arg(p)
     verbose_arg(p)
     p.set_defaults(func=_cmd_dse)
 

@@ -13,7 +13,7 @@ import warnings
 from pathlib import Path
 from typing import Iterator
 
-__all__ = ["third_party_output", "verbose_arg"]
+__all__ = ["third_party_output", "tune_arg", "verbose_arg"]
 
 
 class _Collect(logging.Handler):
@@ -92,3 +92,11 @@ def verbose_arg(p: argparse.ArgumentParser) -> None:
     """Add ``--verbose`` (see :func:`third_party_output`) to a command."""
     p.add_argument("--verbose", action="store_true",
                    help="show onnxruntime's and onnx's own log lines and warnings")
+
+
+def tune_arg(p: argparse.ArgumentParser) -> None:
+    """Add ``--tune model|sim`` (``tessera.compile``'s ``tune``) to a command."""
+    p.add_argument("--tune", choices=("model", "sim"), default="model",
+                   help="sim: check each convolution's tiling on the simulator, which picks "
+                        "where the cost model is off by more than 2%% (slower compile; "
+                        "default model)")
