@@ -1,4 +1,4 @@
-"""The design-space sweep of issue 21: 24 configs around pynq for ResNet-18 and MobileNet on the xc7z020.
+"""Issue 21's design-space sweep: configs around pynq for ResNet-18 and MobileNet on an xc7z020.
 
 Usage: python benchmarks/dse.py [--results FILE.jsonl] [--address RAY] [--no-synth]
        [--tune sim]

@@ -10,9 +10,9 @@ simulator checking each convolution's first choice and ranking the best
 ``MARGIN`` of the simulated cycles (``tune="sim"``). Both run on the simulator. Prints per
 (model, config): layers checked, how many the model missed by more than the margin, how
 many tilings the simulator changed, the whole model's accelerator cycles both ways, and
-the compile time both ways (after an untimed warm-up compile). Besides the presets, the default configs include two of the
-kind a design-space sweep visits (small buffers; a narrow bus), where the model is
-further from its calibration.
+the compile time both ways (after an untimed warm-up compile). Besides the presets, the
+default configs include two of the kind a design-space sweep visits (small buffers; a
+narrow bus), where the model is further from its calibration.
 """
 from __future__ import annotations
 

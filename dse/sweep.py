@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from tessera.config import HwConfig
+from tessera.errors import CLI, DseError
 
 from . import evaluate
 from .models import ModelRef, model_refs
@@ -100,9 +101,12 @@ def explore(base: str | HwConfig, axes: Mapping[str, Sequence[Any]] | Sequence[A
     design) and each model compiled for it and run on the simulator, as Ray tasks on
     this machine or at ``address``. Rows stream into the ``results`` file (JSON lines);
     jobs it already holds are not run again. ``tune="sim"`` lets the simulator pick the
-    tilings where the cost model is off (:func:`tessera.compile`). ``on_row`` sees each new row; ``verbose``
-    shows Ray's own log lines. Returns the :class:`Sweep`.
+    tilings where the cost model is off (:func:`tessera.compile`). ``on_row`` sees each
+    new row; ``verbose`` shows Ray's own log lines. Returns the :class:`Sweep`.
     """
+    if tune not in ("model", "sim"):      # before any job: each would fail alike
+        raise DseError(f"tune must be 'model' or 'sim', not {tune!r}",
+                       fix={CLI: "--tune model or --tune sim"})
     space = Space.of(base, axes, part)
     refs = model_refs(models)
     points = space.points()
