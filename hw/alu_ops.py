@@ -9,7 +9,9 @@ registered :class:`~tessera.isa.Intrinsic`. A hook is a pure datapath:
   It adds exactly ``d`` register stages with ``m.d.sync`` (``d = 0``: purely
   combinational) and accepts a new ``a``/``b`` every cycle: no stalls, no
   valid bits. The ALU keeps the low 32 bits as an int32, i.e. the numpy
-  semantics wrapped to 32 bits (:meth:`Intrinsic.apply`).
+  semantics wrapped to 32 bits (:meth:`Intrinsic.apply`). The tensor ALU clocks a
+  hook's registers only in the cycles its pipeline runs that op (an enable on each
+  ``sync`` statement), which a hook keeping to this contract cannot tell from every cycle.
 * ``imm_operand(imm, imm_bits)`` is the hardware image of
   ``Intrinsic.imm_to_operand``: it turns the ``signed(imm_bits)`` immediate into
   the ``signed(32)`` lane operand. ``None`` means sign extension (the default
@@ -47,7 +49,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
-from amaranth.hdl import Cat, ClockDomain, Module, Mux, Signal, Value, signed
+from amaranth.hdl import Cat, ClockDomain, Const, Module, Mux, Signal, Value, signed
 from amaranth.sim import Simulator
 
 from tessera.errors import RegistryError
@@ -139,13 +141,24 @@ def _reg(m: Module, value: Value, name: str, shape=None) -> Signal:
 
 
 def _bits_above(m: Module, x: Value, base: int, name: str) -> Signal:
-    """``max(bit_length(x) - base, 0)`` of an unsigned ``x`` (a priority encoder)."""
-    res = Signal(range(len(x) - base + 1), name=name)
-    m.d.comb += res.eq(0)
-    # Later assignments win in Amaranth, so the highest set bit decides.
-    for i in range(base, len(x)):
-        with m.If(x[i]):
-            m.d.comb += res.eq(i - base + 1)
+    """``max(bit_length(x) - base, 0)`` of an unsigned ``x``: ``bit_length(x >> base)``, by
+    a binary search for the highest set bit (a zero test and a mux per halving), which is
+    a few operations per lane in a simulator where a chain of one test per bit is as many
+    branches as bits."""
+    y = x[base:]
+    res = Signal(range(len(y) + 1), name=name)
+    # y zero-extended to 2 * half bits (the least power of two >= len(y))
+    half = 1 << ((len(y) - 1).bit_length() - 1) if len(y) > 1 else 0
+    v, top = Value.cast(y), []
+    while half >= 1:
+        upper = v[half:2 * half]      # the top half, its unused high bits cut off
+        nonzero = Signal(name=f"{name}_nz{half}")
+        m.d.comb += nonzero.eq(upper.any())
+        top.append(nonzero)
+        v = Mux(nonzero, upper, v[:half])
+        half //= 2
+    # v is now the highest set bit (1 unless y is 0); the tests, msb first, its position.
+    m.d.comb += res.eq(Mux(v[0], Cat(*reversed(top)) + 1, 0))
     return res
 
 
@@ -160,9 +173,14 @@ def _rne_shift_right(x: Value, s: Value) -> Value:
     q = x >> s
     sm1 = (s - 1)[:len(s)]  # wraps for s = 0, where the guard is masked anyway
     guard = (s != 0) & (x >> sm1)[0]
-    # Sticky bit: any of the bits below the guard, i.e. bit i with i + 1 < s.
-    # A thermometer mask avoids a variable-width `1 << s`.
-    mask = Cat(*[s > i + 1 for i in range(width)])
+    # Sticky bit: any of the bits below the guard, i.e. bit i with i + 1 < s: a mask of
+    # the low s - 1 bits. A thermometer code, each bit a function of s alone (a LUT), made
+    # by shifting 2**k - 1 ones right by ~(s - 1) = 2**k - 1 - (s - 1) (k = len(s)): one
+    # shift of a constant in a simulator rather than a comparison per bit, and no
+    # variable-width `1 << s`.
+    ones = (1 << (2 ** len(s) - 1)) - 1
+    thermometer = Const(ones, 2 ** len(s) - 1) >> ~sm1
+    mask = Cat(thermometer, Const(0, max(width - len(thermometer), 0)))[:width]
     sticky = (x & mask).any()
     up = guard & (sticky | q[0])
     return (q + up)[:width]
@@ -222,8 +240,10 @@ def _shr_hw(m: Module, a: Value, b: Value) -> Value:
     neg_b = -b
     amount = Mux(right, Mux(b > 31, 31, b[:5]), Mux(neg_b > 32, 32, neg_b[:6]))
     x = Mux(right, a, a[::-1])[:LANE_BITS]  # Mux of signed and unsigned widens: trim
-    fill = right & a[-1]
-    shifted = (Cat(x, fill.replicate(LANE_BITS)) >> amount)[:LANE_BITS]
+    # The fill bits as one mux of constants: ``(right & a[-1]).replicate(32)`` would be
+    # exported as 32 AND gates, each evaluated by a simulator (synthesis gives the same).
+    fill = Mux(right & a[-1], (1 << LANE_BITS) - 1, 0)
+    shifted = (Cat(x, fill) >> amount)[:LANE_BITS]
     return Mux(right, shifted, shifted[::-1]).as_signed()
 
 

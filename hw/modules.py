@@ -344,7 +344,9 @@ class ComputeModule(wiring.Component):
         c = self.config
         for b in range(ACC_BANKS):
             port = self.acc_rd[b]
-            m.d.comb += [port.en.eq(1), port.addr.eq(bank_addr(c, readers[-1].addr))]
+            # Enabled only for a read some pipeline uses (an idle bank's data holds).
+            wanted = Cat(*(r.en & (bank_of(c, r.addr) == b) for r in readers)).any()
+            m.d.comb += [port.en.eq(wanted), port.addr.eq(bank_addr(c, readers[-1].addr))]
             for r in reversed(readers[:-1]):
                 with m.If(r.en & (bank_of(c, r.addr) == b)):
                     m.d.comb += port.addr.eq(bank_addr(c, r.addr))

@@ -34,7 +34,7 @@ that ``reads_table``, each lane its own entry.
 """
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Module, Mux, Signal, signed
+from amaranth.hdl import Cat, EnableInserter, Module, Mux, Signal, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -88,8 +88,9 @@ class TensorPipeline(wiring.Component):
     """One compute unit's pipeline: ``unit`` is ``"gemm"`` or ``"alu"``
     (``tessera.timing.COMPUTE_UNITS``); started by the compute module with the
     instruction of its kind. Only the GEMM kind has the ``inp`` and ``wgt``
-    read ports. ``acc_rd.en`` is high in the cycles whose read the pipeline
-    uses (the compute module gives it the bank then)."""
+    read ports. Each read port's ``en`` is high only in the cycles whose read the
+    pipeline uses (the compute module gives ``acc_rd`` the bank then), so a memory
+    may leave its output register alone in the others."""
 
     def __init__(self, config: HwConfig, unit: str) -> None:
         if unit not in COMPUTE_UNITS:
@@ -163,7 +164,11 @@ class _PipelineBuilder:
         self.wlat = Signal(range(self.lat_max + 1), init=GEMM_LATENCY)
         if self.is_alu:
             self.alu_op = Signal.like(f.alu_op)
-            self.imm = Signal.like(f.imm)
+            # The immediate as the running op's lane operand, and which op runs (none for a
+            # reset): decoded once at start, so the hooks share one operand mux per lane and
+            # only the running op's hooks are clocked (a simulator evaluates no other).
+            self.imm_operand = Signal(signed(self.c.acc_width), name="imm_operand")
+            self.op_sel = {op.opcode: Signal(name=f"sel_{op.name.lower()}") for op, _ in self.ops}
 
     def check_instruction(self) -> Signal:
         """The error code of the instruction on ``insn`` (0 if it may start)."""
@@ -223,18 +228,20 @@ class _PipelineBuilder:
         m, f = self.m, self.f
         ii, wlat, two_reads = self.ii, self.wlat, self.two_reads
         with m.If(self.pipe.start):
-            m.d.sync += [self.alu_op.eq(f.alu_op), self.use_imm.eq(f.use_imm),
-                         self.imm.eq(f.imm)]
+            m.d.sync += [self.alu_op.eq(f.alu_op), self.use_imm.eq(f.use_imm)]
             m.d.sync += [ii.eq(1), wlat.eq(GEMM_LATENCY), two_reads.eq(0)]
+            m.d.sync += [sel.eq(~f.reset & (f.alu_op == code)) for code, sel in self.op_sel.items()]
             with m.If(~f.reset):
                 with m.Switch(f.alu_op):
-                    for op, _ in self.ops:
+                    for op, hw in self.ops:
                         with m.Case(op.opcode):
                             t = op.timing
                             m.d.sync += [ii.eq(Mux(f.use_imm, t.ii_imm, t.ii_tensor)),
                                          wlat.eq(Mux(f.use_imm, t.write_latency(True),
                                                      t.write_latency(False))),
-                                         two_reads.eq(~f.use_imm & t.reads_dst)]
+                                         two_reads.eq(~f.use_imm & t.reads_dst),
+                                         self.imm_operand.eq(hw.operand_of_imm(f.imm,
+                                                                               len(f.imm)))]
 
     def advance_loop_nest(self) -> None:
         """Issue an operation every ``ii`` cycles and step the uop, inner and outer loops
@@ -271,7 +278,7 @@ class _PipelineBuilder:
         """Stages 0 and 1: read the uop, form the buffer indices and check them (an index
         out of bounds kills the instruction); the GEMM kind reads ``inp`` and ``wgt``."""
         m, c, kinds, pipe = self.m, self.c, self.kinds, self.pipe
-        m.d.comb += [pipe.uop.addr.eq(self.u), pipe.uop.en.eq(1)]
+        m.d.comb += [pipe.uop.addr.eq(self.u), pipe.uop.en.eq(self.issue)]
         self.v1 = v1 = Signal()
         cur1 = {k: Signal.like(self.cur[k], name=f"{k}_cur1") for k in kinds}
         m.d.sync += [v1.eq(self.issue)] + [cur1[k].eq(self.cur[k]) for k in kinds]
@@ -296,8 +303,8 @@ class _PipelineBuilder:
         self.ok1 = ok1 = Signal()
         m.d.comb += ok1.eq(v1 & ~bad & ~self.killed)
         if not self.is_alu:
-            m.d.comb += [pipe.inp.addr.eq(idx["src"]), pipe.inp.en.eq(1),
-                         pipe.wgt.addr.eq(idx["wgt"]), pipe.wgt.en.eq(1)]
+            m.d.comb += [pipe.inp.addr.eq(idx["src"]), pipe.inp.en.eq(v1),
+                         pipe.wgt.addr.eq(idx["wgt"]), pipe.wgt.en.eq(v1)]
 
     def add_delay_line(self) -> None:
         """Valid bits and destination rows travel down a delay line; the write taps it."""
@@ -361,7 +368,7 @@ class _PipelineBuilder:
                         continue
                     if _PAIRED and o + 1 < c.block_out and c.inp_width == c.wgt_width == 8:
                         products[o, k, b], products[o + 1, k, b] = \
-                            _paired_products(x[b][k], w[o][k], w[o + 1][k])
+                            _paired_products(self.m, x[b][k], w[o][k], w[o + 1][k])
                     else:
                         products[o, k, b] = x[b][k] * w[o][k]
         sums = []
@@ -369,41 +376,58 @@ class _PipelineBuilder:
             for o in range(c.block_out):
                 dot = _tree_sum([products[o, k, b] for k in range(c.block_in)])
                 sums.append((acc_lanes[b * c.block_out + o] + dot)[:c.acc_width])
-        self.m.d.sync += gemm_sum.eq(Mux(self.reset, 0, Cat(*sums)))
+        # Loaded only for a valid operation (the write stage reads nothing else): idle cycles
+        # leave the products unevaluated in a simulator.
+        with self.m.If(self.valid[_GEMM_SUM_STAGE]):
+            self.m.d.sync += gemm_sum.eq(Mux(self.reset, 0, Cat(*sums)))
 
     def _alu(self, acc_lanes: list, alu_result: Signal) -> None:
         """The ALU ops' hooks on every lane; the selected op's result goes to ``alu_result``
         (the output register; zero for a reset). The accumulator lane ``a`` is the row read
         last cycle; the operand ``b`` is the immediate, or the ``src`` row: read two cycles
         ago (``b_reg``) by ops that also read ``dst``, last cycle by ops that ignore it.
-        ``two_reads`` tells which, so one operand mux serves every op (per immediate
-        decoder)."""
-        m, lanes, imm = self.m, self.pipe.lanes, self.imm
+        ``two_reads`` tells which, so one operand mux per lane serves every op.
+
+        Each op's hooks are clocked only while the pipeline is busy with that op
+        (:meth:`_add_hooks`), and the output register only while the pipeline is busy: a
+        valid operation only travels while both hold, so the results are those of hooks
+        clocked every cycle, and a simulator (Verilator) skips the idle ops' logic."""
+        m, lanes, busy = self.m, self.pipe.lanes, self.pipe.busy
         lane_w = self.c.acc_width
         b_reg = [Signal(signed(lane_w), name=f"b{j}") for j in range(lanes)]
-        m.d.sync += [b_reg[j].eq(acc_lanes[j]) for j in range(lanes)]
-        b_row = [Signal(signed(lane_w), name=f"b_row{j}") for j in range(lanes)]
-        m.d.comb += [b_row[j].eq(Mux(self.two_reads, b_reg[j], acc_lanes[j]))
+        with m.If(busy):
+            m.d.sync += [b_reg[j].eq(acc_lanes[j]) for j in range(lanes)]
+        a_in = [Signal(signed(lane_w), name=f"a_in{j}") for j in range(lanes)]
+        b_in = [Signal(signed(lane_w), name=f"b_in{j}") for j in range(lanes)]
+        m.d.comb += [a_in[j].eq(acc_lanes[j]) for j in range(lanes)]
+        m.d.comb += [b_in[j].eq(Mux(self.use_imm, self.imm_operand,
+                                    Mux(self.two_reads, b_reg[j], acc_lanes[j])))
                      for j in range(lanes)]
-        tables = self._add_tables()
+        op_results = self._add_hooks(a_in, b_in, self._add_tables())
+        with m.If(busy):
+            with m.Switch(self.alu_op):
+                for code, value in op_results.items():
+                    with m.Case(code):
+                        m.d.sync += alu_result.eq(value)
+            with m.If(self.reset):
+                m.d.sync += alu_result.eq(0)
+
+    def _add_hooks(self, a_in: list, b_in: list, tables: list) -> dict:
+        """Every op's hooks on every lane, in a submodule per op whose registers (the hooks'
+        stages, table reads included) are enabled while the pipeline is busy with that op;
+        returns each opcode's result row."""
+        m, lanes, lane_w = self.m, self.pipe.lanes, self.c.acc_width
         op_results = {}
         for op, hw in self.ops:
-            operand = hw.operand_of_imm(imm, len(imm))
-            lanes_out = []
-            for j in range(lanes):
-                a_in = Signal(signed(lane_w), name=f"{op.name.lower()}_a{j}")
-                b_in = Signal(signed(lane_w), name=f"{op.name.lower()}_b{j}")
-                m.d.comb += [a_in.eq(acc_lanes[j]), b_in.eq(Mux(self.use_imm, operand, b_row[j]))]
-                table = (tables[j],) if op.reads_table else ()
-                lanes_out.append(hw.build(m, a_in, b_in, *table)[:lane_w])
+            hooks = Module()
+            lanes_out = [hw.build(hooks, a_in[j], b_in[j],
+                                  *((tables[j],) if op.reads_table else ()))[:lane_w]
+                         for j in range(lanes)]
+            clocked = Signal(name=f"{op.name.lower()}_en")
+            m.d.comb += clocked.eq(self.pipe.busy & self.op_sel[op.opcode])
+            m.submodules[f"op_{op.name.lower()}"] = EnableInserter(clocked)(hooks)
             op_results[op.opcode] = Cat(*lanes_out)
-        with m.Switch(self.alu_op):
-            for code, value in op_results.items():
-                with m.Case(code):
-                    m.d.sync += alu_result.eq(value)
-        with m.If(self.reset):
-            m.d.sync += alu_result.eq(0)
-
+        return op_results
 
     def _add_tables(self) -> list[TableMemory]:
         """A copy of the table memory per lane (none without one), each written every
@@ -424,7 +448,7 @@ class _PipelineBuilder:
 _PAIRED = True
 
 
-def _paired_products(x, w_lo, w_hi):
+def _paired_products(m: Module, x, w_lo, w_hi):
     """``x * w_lo`` and ``x * w_hi`` (all int8) from one 25 x 8 multiplication.
 
     ``(w_hi << 16) + w_lo`` times ``x`` holds ``x * w_lo`` in its low 16 bits
@@ -432,8 +456,13 @@ def _paired_products(x, w_lo, w_hi):
     negative low product takes from bit 16, which bit 15 gives back. Halving
     the multipliers is what lets the 256 MACs of the pynq preset fit the
     xc7z020's 220 DSPs next to the tensor ALU.
+
+    The product is a signal of its own: an expression used three times would be exported
+    as three multiplications (merged by synthesis, but each evaluated by Verilator).
     """
-    product = ((w_hi << 16) + w_lo) * x
+    packed = (w_hi << 16) + w_lo
+    product = Signal(signed(len(packed) + len(x)), name="pair_product")
+    m.d.comb += product.eq(packed * x)
     lo = product[:16].as_signed()
     hi = (product[16:] + product[15])[:16].as_signed()
     return lo, hi

@@ -360,3 +360,38 @@ def test_unresolvable_hardware_reference_is_refused():
                        hardware="tessera.plugins.lut.hardware:NO_SUCH_HOOK")
     with pytest.raises(RegistryError, match="cannot resolve the hook reference"):
         hardware_of(broken)
+
+
+@pytest.mark.parametrize("width, base, shift_bits", [(9, 3, 4), (6, 0, 3), (2, 1, 2)])
+def test_requant_helpers_against_python_on_every_input(width, base, shift_bits):
+    """REQUANT's leading-bit search and round-half-even shift, every ``x`` and shift amount of
+    small widths (the shift amount wrapping past the width included)."""
+    from amaranth.sim import Simulator
+
+    from tessera.hw.alu_ops import _bits_above, _rne_shift_right
+    m = Module()
+    x, s = Signal(width), Signal(shift_bits)
+    above, shifted = _bits_above(m, x, base, "above"), Signal(width)
+    m.d.comb += shifted.eq(_rne_shift_right(x, s))
+    bad = []
+
+    def rne(v: int, k: int) -> int:
+        if k == 0:
+            return v
+        q, rem, half = v >> k, v & ((1 << k) - 1), 1 << (k - 1)
+        return q + (rem > half or (rem == half and q & 1))
+
+    async def bench(ctx):
+        for v in range(1 << width):
+            ctx.set(x, v)
+            if ctx.get(above) != max(v.bit_length() - base, 0):
+                bad.append(("above", v, ctx.get(above)))
+            for k in range(1 << shift_bits):
+                ctx.set(s, k)
+                if ctx.get(shifted) != rne(v, k):
+                    bad.append(("rne", v, k, ctx.get(shifted)))
+
+    sim = Simulator(m)
+    sim.add_testbench(bench)
+    sim.run()
+    assert not bad, bad[:5]

@@ -52,15 +52,40 @@ namespace {
 struct Sig {
     uint8_t* p = nullptr;
     int n = 0;
+    // get/put run for every port signal twice a cycle: the sizes of CData/SData/IData/QData
+    // as constants, so each is one load or store rather than a library memcpy/memset.
     uint64_t get() const {
-        uint64_t v = 0;
-        std::memcpy(&v, p, n < 8 ? n : 8);
-        return v;
+        switch (n) {
+            case 1: return *p;
+            case 2: return load<uint16_t>();
+            case 4: return load<uint32_t>();
+            default: return n >= 8 ? load<uint64_t>() : load_short();
+        }
     }
     void put(uint64_t v) const {
-        std::memset(p, 0, n);
-        std::memcpy(p, &v, n < 8 ? n : 8);
+        switch (n) {
+            case 1: *p = uint8_t(v); return;
+            case 2: store(uint16_t(v)); return;
+            case 4: store(uint32_t(v)); return;
+            case 8: store(v); return;
+            default:
+                std::memset(p, 0, n);
+                std::memcpy(p, &v, n < 8 ? n : 8);
+        }
     }
+    template <typename U>
+    U load() const {
+        U v;
+        std::memcpy(&v, p, sizeof(U));
+        return v;
+    }
+    uint64_t load_short() const {
+        uint64_t v = 0;
+        std::memcpy(&v, p, n);
+        return v;
+    }
+    template <typename U>
+    void store(U v) const { std::memcpy(p, &v, sizeof(U)); }
     void get_bytes(uint8_t* out, int nbytes) const { std::memcpy(out, p, nbytes); }
     void put_bytes(const uint8_t* in, int nbytes) const {
         std::memcpy(p, in, nbytes);
