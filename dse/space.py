@@ -18,7 +18,7 @@ from tessera.boards import BOARDS, Board
 from tessera.config import HwConfig, get_config
 from tessera.errors import CLI, ConfigError, DseError
 
-__all__ = ["Axis", "Point", "Space", "parse_axis"]
+__all__ = ["Axis", "Point", "Space", "parse_axis", "refuse_without_dsps"]
 
 #: Fields that follow another when a sweep varies it alone: the output buffer mirrors the
 #: accumulator rows (``out_depth == acc_depth`` is a config rule, not a design choice).
@@ -127,6 +127,21 @@ class Space:
         except (ConfigError, TypeError) as exc:
             return Point(values, None, _without_name(str(exc)))
         return Point(values, config)
+
+
+def refuse_without_dsps(point: Point, part: str) -> Point:
+    """``point`` refused when its GEMM core alone needs more DSP48s than ``part`` has (a
+    multiplier each, :func:`tessera.hw.tensor.gemm_multipliers`): no synthesis is spent
+    on a design that cannot fit. Needs the hw extra, as synthesis does."""
+    from tessera.hw.synth.resources import part_capacity
+    from tessera.hw.tensor import gemm_multipliers
+    if point.config is None:
+        return point
+    need, have = gemm_multipliers(point.config), part_capacity(part).dsp
+    if need <= have:
+        return point
+    return Point(point.values, None, f"its GEMM core needs {need} DSP48s (a multiplier each), "
+                                     f"more than the {have} of {part}")
 
 
 def board_of(part: str) -> Board | None:

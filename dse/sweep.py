@@ -13,7 +13,7 @@ from . import evaluate
 from .models import ModelRef, model_refs
 from .results import ResultsFile, job_key
 from .runner import Failure, Job, run_jobs
-from .space import Axis, Point, Space, board_of
+from .space import Axis, Point, Space, board_of, refuse_without_dsps
 
 __all__ = ["PointResult", "Sweep", "explore", "host_for_part"]
 
@@ -110,6 +110,8 @@ def explore(base: str | HwConfig, axes: Mapping[str, Sequence[Any]] | Sequence[A
     space = Space.of(base, axes, part)
     refs = model_refs(models)
     points = space.points()
+    if synthesize:
+        points = [refuse_without_dsps(p, space.part) for p in points]
     legal = [p for p in points if p.legal]
     store = ResultsFile(results)
     jobs = _jobs(legal, refs, space.part, synthesize, tune)

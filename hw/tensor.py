@@ -366,7 +366,7 @@ class _PipelineBuilder:
                 for o in range(c.block_out):
                     if (o, k, b) in products:
                         continue
-                    if _PAIRED and o + 1 < c.block_out and c.inp_width == c.wgt_width == 8:
+                    if pairs_products(c) and o + 1 < c.block_out:
                         products[o, k, b], products[o + 1, k, b] = \
                             _paired_products(self.m, x[b][k], w[o][k], w[o + 1][k])
                     else:
@@ -446,6 +446,18 @@ class _PipelineBuilder:
 
 #: Two int8 products per multiplier (one DSP48 each on Xilinx parts): see _paired_products.
 _PAIRED = True
+
+
+def pairs_products(config: HwConfig) -> bool:
+    """Whether the GEMM core computes its products in pairs (int8 inputs and weights)."""
+    return _PAIRED and config.inp_width == config.wgt_width == 8
+
+
+def gemm_multipliers(config: HwConfig) -> int:
+    """The GEMM core's multipliers, each a DSP48 at least on Xilinx parts: one per pair of
+    neighbouring output lanes' products when :func:`pairs_products`, else one per MAC."""
+    per_input = (config.block_out + 1) // 2 if pairs_products(config) else config.block_out
+    return config.batch * config.block_in * per_input
 
 
 def _paired_products(m: Module, x, w_lo, w_hi):

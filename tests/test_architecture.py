@@ -49,9 +49,10 @@ ALLOWED = {
     # files with onnxruntime as the error yardstick; reads the block geometry from the core.
     "compress": {"core", "compiler.frontend"},
     # Design-space exploration: compiles and simulates models (through tessera.compile and
-    # the runtime), synthesizes configs (hw/synth, keyed by hw/harness's source key), and
-    # draws with the runtime's PNG toolkit; nothing imports it but the entry points.
-    "dse": {"core", "compiler.frontend", "runtime", "hw.synth", "hw.harness"},
+    # the runtime), synthesizes configs (hw/synth, keyed by hw/harness's source key; the
+    # GEMM core's multipliers from hw first), and draws with the runtime's PNG toolkit;
+    # nothing imports it but the entry points.
+    "dse": {"core", "compiler.frontend", "runtime", "hw", "hw.synth", "hw.harness"},
     # Intrinsic plug-ins sit beside the layers they extend and are loaded only through the
     # tessera.intrinsics entry points (or the hook references they register): no layer
     # imports them.

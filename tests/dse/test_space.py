@@ -90,3 +90,16 @@ def test_every_combination_is_a_point_and_a_legal_one_carries_its_values(value_l
         assert p.legal == all(v & (v - 1) == 0 for v in values.values())
         if p.legal:
             assert all(getattr(p.config, f) == v for f, v in values.items())
+
+
+def test_a_core_with_more_multipliers_than_the_part_has_dsps_is_refused_unsynthesized():
+    pytest.importorskip("amaranth")
+    from tessera.dse.space import refuse_without_dsps
+    from tessera.hw.tensor import gemm_multipliers
+    assert gemm_multipliers(PRESETS["pynq"]) == 128          # 256 int8 MACs, two per DSP
+    assert gemm_multipliers(PRESETS["pynq"].replace(inp_width=16, wgt_width=16)) == 256
+    space = Space.of("pynq", {"block_in": [16, 32]}, "xc7z020")
+    kept, refused = [refuse_without_dsps(p, space.part) for p in space.points()]
+    assert kept.legal and not refused.legal
+    assert refused.error == ("its GEMM core needs 256 DSP48s (a multiplier each), more than "
+                             "the 220 of xc7z020clg400-1")
