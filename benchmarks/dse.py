@@ -3,14 +3,15 @@
 Usage: python benchmarks/dse.py [--results FILE.jsonl] [--address RAY] [--no-synth]
        [--tune sim]
 
-Sweeps the pynq preset over the GEMM core's shape (``block_in`` 8/16/32, ``block_out``
-8/16), the weight buffer (512/1024 entries) and the accumulator (1024/2048 rows) on Ray
+Sweeps the pynq preset over the GEMM core's shape (``block_in`` 4/8/16/32, ``block_out``
+8/16), the weight buffer (512/1024 entries) and the accumulator (1024/2048 rows): 32
+configs, the four 32x16 cores refused before synthesis (256 DSP48s), on Ray
 (this machine unless --address), each point synthesized with yosys (cached by design),
 each model compiled and simulated on it (tessera.dse.explore). Rows stream into
 --results (default benchmarks/results/dse-xc7z020.jsonl): a stopped run resumes, a
 complete one prints at once. Prints the sweep's table, then the best fitting point for
 ResNet-18 against the pynq preset (one of the points) with both latencies and resources.
-A full run synthesizes 24 configs, 5-18 minutes each on a 2-core machine.
+A full run synthesizes 28 configs, 3-18 minutes each on a 2-core machine.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from tessera.dse.plot import write_plot
 from tessera.dse.report import table
 from tessera.dse.sweep import PARETO_RESOURCES, PointResult, Sweep
 
-AXES = {"block_in": [8, 16, 32], "block_out": [8, 16], "wgt_depth": [512, 1024],
+AXES = {"block_in": [4, 8, 16, 32], "block_out": [8, 16], "wgt_depth": [512, 1024],
         "acc_depth": [1024, 2048]}
 MODELS = ["resnet18", "mobilenet"]
 DEFAULT_RESULTS = Path(__file__).resolve().parent / "results" / "dse-xc7z020.jsonl"
