@@ -47,15 +47,17 @@ def _span(values: Sequence[float]) -> tuple[float, float]:
     return lo - pad, hi + pad
 
 
-def _ticks(lo: float, hi: float, n: int = 4) -> list[float]:
+def _ticks(lo: float, hi: float, n: int = 4) -> tuple[list[float], int]:
+    """About ``n`` round ticks in ``[lo, hi]``, and the decimals their step needs."""
     raw = (hi - lo) / n
     mag = 10.0 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
-    return [t for t in np.arange(math.ceil(lo / step) * step, hi, step)]
+    ticks = [float(t) for t in np.arange(math.ceil(lo / step) * step, hi, step)]
+    return ticks, max(0, -math.floor(math.log10(step) + 1e-9))
 
 
-def _label(v: float) -> str:
-    return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+def _label(v: float, decimals: int) -> str:
+    return f"{v:,.{decimals}f}"
 
 
 def _line(img: np.ndarray, a: tuple[int, int], b: tuple[int, int], colour: RGB) -> None:
@@ -81,14 +83,18 @@ def _mark(img: np.ndarray, p: tuple[int, int], colour: RGB, *, filled: bool, cro
 
 
 def _axes(img: np.ndarray, panel: _Panel, xlabel: str, ylabel: str) -> None:
-    for t in _ticks(*panel.x_range):
+    ticks, decimals = _ticks(*panel.x_range)
+    for t in ticks:
         x, _ = panel.at(t, panel.y_range[0])
         _line(img, (x, panel.y0), (x, panel.y0 + PANEL_H), GRID)
-        draw_text(img, x - text_width(_label(t)) // 2, panel.y0 + PANEL_H + 4, _label(t), INK)
-    for t in _ticks(*panel.y_range):
+        text = _label(t, decimals)
+        draw_text(img, x - text_width(text) // 2, panel.y0 + PANEL_H + 4, text, INK)
+    ticks, decimals = _ticks(*panel.y_range)
+    for t in ticks:
         _, y = panel.at(panel.x_range[0], t)
         _line(img, (panel.x0, y), (panel.x0 + PANEL_W, y), GRID)
-        draw_text(img, panel.x0 - text_width(_label(t)) - 4, y - GLYPH_H // 2, _label(t), INK)
+        text = _label(t, decimals)
+        draw_text(img, panel.x0 - text_width(text) - 4, y - GLYPH_H // 2, text, INK)
     box = [(panel.x0, panel.y0), (panel.x0 + PANEL_W, panel.y0),
            (panel.x0 + PANEL_W, panel.y0 + PANEL_H), (panel.x0, panel.y0 + PANEL_H)]
     for a, b in zip(box, box[1:] + box[:1]):

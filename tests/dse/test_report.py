@@ -120,3 +120,12 @@ def test_a_job_keeps_its_input_errors_and_raises_a_failed_synthesis(monkeypatch)
     monkeypatch.setattr(evaluate, "evaluate_resources", killed)
     with pytest.raises(SynthesisError):                   # not a result: Ray reports it
         evaluate.run_job(evaluate.RESOURCES, PRESETS["tiny"], "xc7z020", None, None)
+
+
+@pytest.mark.parametrize("lo, hi", [(33.71, 33.76), (0.9, 3.2), (2e4, 9e4), (0.0011, 0.0013)])
+def test_plot_ticks_are_distinct_round_labels(lo, hi):
+    from tessera.dse.plot import _label, _ticks
+    ticks, decimals = _ticks(lo, hi)
+    labels = [_label(t, decimals) for t in ticks]
+    assert len(ticks) >= 2 and len(set(labels)) == len(labels)
+    assert all(lo <= t <= hi for t in ticks)
