@@ -21,6 +21,10 @@ __all__ = ["ModelSpec", "RESOURCES", "design_key", "evaluate_model", "evaluate_r
 
 #: The job name of a point's synthesis; a model's job is named by the model.
 RESOURCES = "resources"
+#: What a model job measures, in the results key: bumped when that changes, so rows of
+#: an older kind run again (2: the floor counts only the accelerator's MACs, and the share
+#: of MACs the accelerator runs is kept).
+FIGURES = 2
 #: Seconds a point's yosys run may take: the largest xc7z020 design here took 18 minutes
 #: on a loaded 2-core machine (docs/benchmarks.md), so over three times that.
 SYNTH_TIMEOUT = 3600.0
@@ -69,8 +73,8 @@ def evaluate_model(config: HwConfig, spec: ModelSpec, host: str | None,
     """``spec`` compiled for ``config`` (tilings chosen by ``tune``, see
     :func:`tessera.compile`) and run once on the simulator: accelerator cycles, the
     projected latency on the board (``host``'s CPU model for the layers placed on the
-    CPU), GEMM utilisation, cycles over the compute floor, the tuner's summary, and where
-    the time went."""
+    CPU), GEMM utilisation, the share of the model's MACs placed on the accelerator and
+    its cycles over their compute floor, the tuner's summary, and where the time went."""
     import tessera
     t0 = time.perf_counter()
     model = tessera.compile(spec.qdq, config, host=host, tune=tune)
@@ -80,10 +84,12 @@ def evaluate_model(config: HwConfig, spec: ModelSpec, host: str | None,
         _, profile = model.run(dict(spec.feed), device=model.device("sim", trace=False))
     finally:
         model.close()
-    floor = spec.macs / config.peak_macs_per_cycle
+    accel_macs = sum(x.macs for x in profile.layers if x.placement == "accelerator")
+    floor = accel_macs / config.peak_macs_per_cycle
     return {"cycles": profile.accel_cycles, "latency_ms": profile.latency_seconds * 1e3,
             "accel_ms": profile.accel_seconds * 1e3,
             "gemm_utilisation": profile.gemm_utilisation,
+            "accel_mac_share": accel_macs / spec.macs if spec.macs else None,
             "floor_ratio": profile.accel_cycles / floor if floor else None,
             "tuning": model.compiled.stats.get("tuning"),
             "compile_s": t1 - t0, "sim_s": time.perf_counter() - t1}

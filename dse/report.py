@@ -24,7 +24,8 @@ def records(sweep: Sweep) -> list[dict[str, Any]]:
         rec["fits"] = r.fits
         for m in sweep.models:
             fig = r.models.get(m, {})
-            for k in ("latency_ms", "cycles", "gemm_utilisation", "floor_ratio"):
+            for k in ("latency_ms", "cycles", "gemm_utilisation", "accel_mac_share",
+                      "floor_ratio"):
                 rec[f"{m}.{k}"] = fig.get(k)
         rec["errors"] = "; ".join(r.errors)
         rec["pareto"] = id(r) in front
@@ -61,7 +62,10 @@ def _cell(r: PointResult, model: str) -> str:
         return "-"
     if "error" in fig:
         return "error"
-    return f"{fig['latency_ms']:.2f} ({fig['floor_ratio']:.2f}x)"
+    floor = "-" if fig["floor_ratio"] is None else f"{fig['floor_ratio']:.2f}x"
+    share = fig["accel_mac_share"]
+    off = f", {1 - share:.0%} of MACs on the CPU" if share is not None and share < 0.995 else ""
+    return f"{fig['latency_ms']:.2f} ({floor}{off})"
 
 
 def _resource_cells(r: PointResult) -> list[str]:
@@ -110,7 +114,8 @@ def table(sweep: Sweep) -> str:
     lines.append(f"{len(sweep.results)} legal points on {sweep.part}, {len(front)} on the "
                  f"Pareto front (latency of {', '.join(sweep.models)} against "
                  + (", ".join(PARETO_RESOURCES) if sweep.synthesized else "nothing else: "
-                    "not synthesized") + "); x floor: accelerator cycles over MACs / peak")
+                    "not synthesized") + "); x floor: accelerator cycles over the compute floor "
+                 "of the MACs placed on the accelerator (its MACs / peak MACs per cycle)")
     lines += _tuning_lines(sweep)
     lines += [f"refused by the config's checks: {p.label}: {p.error}" for p in sweep.illegal]
     lines += [f"error at {r.point.label}: {e}" for r in sweep.results for e in r.errors]

@@ -132,7 +132,8 @@ def _jobs(points: Sequence[Point], refs: Sequence[ModelRef], part: str, synthesi
     for p in points:
         assert p.config is not None
         # a model's figures depend on how its tilings were chosen
-        named = [(ref.name, f"{ref.digest} tune={tune}") for ref in refs]
+        named = [(ref.name, f"{ref.digest} tune={tune} figures={evaluate.FIGURES}")
+                 for ref in refs]
         if synthesize:
             named.insert(0, (evaluate.RESOURCES, evaluate.design_key(p.config, part)))
         jobs += [Job(job_key(p.config, part, name, identity), name, p.config, p.label,

@@ -55,7 +55,7 @@ def _sweep(figures: list[tuple[float, float, float, float, bool]]) -> Sweep:
         results.append(PointResult(point, {"used": used, "fits": fits, "available": {
             "LUT": 53200, "DSP": 220, "BRAM": 140, "FF": 106400, "LUTRAM": 17400}},
             {"lenet": {"latency_ms": lat, "cycles": int(lat * 1e5), "floor_ratio": 1.1,
-                       "gemm_utilisation": 0.8}}))
+                       "gemm_utilisation": 0.8, "accel_mac_share": 0.6 if lat > 2.9 else 1.0}}))
     return Sweep(space, results, [], ["lenet"], True)
 
 
@@ -68,6 +68,9 @@ def test_the_pareto_set_and_the_table_mark_the_same_points():
     starred = [line.split()[0] for line in text.splitlines() if line.rstrip().endswith("*")]
     assert starred == ["wgt_depth=32", "wgt_depth=16"]
     assert "NO" in text and "2 on the Pareto front" in text
+    # the slowest point runs 40% of its MACs on the CPU: its row says so
+    assert [line for line in text.splitlines() if "of MACs on the CPU" in line] == [
+        line for line in text.splitlines() if line.startswith("wgt_depth=16 ")]
 
 
 @settings(max_examples=40, deadline=None)

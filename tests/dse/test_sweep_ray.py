@@ -74,6 +74,7 @@ def test_a_sweep_streams_its_rows_and_a_rerun_runs_nothing(ray_here, tmp_path, m
         assert r.resources["cached"] and r.resources["used"]["LUT"] == 20 * r.point.config.wgt_depth
         fig = r.models["lenet"]
         assert fig["cycles"] > 0 and 0 < fig["gemm_utilisation"] <= 1 and fig["floor_ratio"] >= 1
+        assert 0 < fig["accel_mac_share"] <= 1
     # the clock changes the latency, not the cycles
     by = {dict(r.point.values)["clock_mhz"]: r.models["lenet"] for r in sweep.results
           if dict(r.point.values)["wgt_depth"] == 256}
