@@ -120,7 +120,7 @@ def emit_tile_epilogue(em: Emitter, ep: EpiloguePlan, t: AluTile, acc_base: int,
     c = em.config
 
     def residual_loads(name: str, rbase: int) -> list[Load]:
-        rl = ActLayout.of(out_layout.shape, c, c.block_out)
+        rl = residuals[name].layout.view(c.block_out)
         return plane_loads(em, rl, em.elem(residuals[name].place, MemType.ACC8), rbase, t,
                            t.oy0, t.oy1, t.ox0, t.ox1)
 
@@ -128,7 +128,7 @@ def emit_tile_epilogue(em: Emitter, ep: EpiloguePlan, t: AluTile, acc_base: int,
                   pixels=t.pixels, ob0=t.cb0, param_base=param_base,
                   param_starts=param_starts, scratch_base=scratch_base,
                   scratch_stride=scratch_stride, residual_loads=residual_loads, where=where)
-    em.emit(*tile_stores(em, out_layout, out_elem, acc_base, t))
+    em.emit(*tile_stores(em, out_layout.view(c.block_out), out_elem, acc_base, t))
 
 
 def alu_insn(em: Emitter, op_name: str, dims: list[Dim], base: tuple[int, int], *,
@@ -160,7 +160,8 @@ def plane_loads(em: Emitter, layout: ActLayout, elem_base: int, sram_base: int, 
                layout.entry(nb, cb, y0, x0))
               for nb in range(t.nb0, t.nb1) for cb in range(t.cb0, t.cb1)]
     return plane_dmas(Load, mem=mem, sram_base=sram_base, dram_base=elem_base, planes=planes,
-                      rows=rows, cols=cols, row_stride=layout.w, max_fields=em.max_dma)
+                      rows=rows, cols=cols, row_stride=layout.row_stride,
+                      elem_stride=layout.pixel_stride, max_fields=em.max_dma)
 
 
 def tile_stores(em: Emitter, layout: ActLayout, elem_base: int, acc_base: int,
@@ -170,11 +171,12 @@ def tile_stores(em: Emitter, layout: ActLayout, elem_base: int, acc_base: int,
                layout.entry(nb, cb, t.oy0, t.ox0))
               for nb in range(t.nb0, t.nb1) for cb in range(t.cb0, t.cb1)]
     return plane_dmas(Store, mem=MemType.OUT, sram_base=acc_base, dram_base=elem_base,
-                      planes=planes, rows=rows, cols=cols, row_stride=layout.w,
+                      planes=planes, rows=rows, cols=cols, row_stride=layout.row_stride,
+                      elem_stride=layout.pixel_stride,
                       max_fields=em.max_dma)
 
 
 def check_acc8_layout(layout: ActLayout, config: HwConfig, where: str, name: str) -> None:
-    if layout.block != config.block_out or config.out_width != 8:
+    if layout.block % config.block_out or config.out_width != 8:
         raise CompileError(f"{where}: tensor {name!r} must be int8 in blocks of "
                            f"{config.block_out} channels to load into the accumulator (acc8)")

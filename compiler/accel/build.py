@@ -162,19 +162,25 @@ def infer_shapes(ops: Sequence[Op], input_shapes: Mapping[str, tuple[int, ...]]
 
 def plan_layouts(ops: Sequence[Op], shapes: Mapping[str, tuple[int, int, int, int]],
                  config: HwConfig) -> dict[str, ActLayout]:
-    """The packed layout of every tensor: operator outputs come in ``block_out`` channel
-    blocks (accumulator rows); a program input in the blocks its readers need --
-    ``block_in`` for the GEMM's input, ``block_out`` for accumulator (acc8) loads."""
-    need: dict[str, dict[int, str]] = {}
+    """The packed layout of every tensor: blocks of the widest channel block that moves
+    it -- ``block_out`` for an operator's stores and the accumulator (acc8) loads,
+    ``block_in`` for the GEMM's input. On a core with ``block_in != block_out`` a tensor
+    the GEMM reads is stored in blocks of the larger and the smaller moves as sub-blocks
+    (:attr:`ActLayout.pixel_stride`), so a layer chains into the next on any core of one
+    image per entry whose block sizes divide one another."""
+    units: dict[str, dict[int, str]] = {}
     for op in ops:
+        units.setdefault(op.output, {})[config.block_out] = op.name
         gemm_input = op.input if isinstance(op, (Conv2d, Dense)) else None
         for t in op.inputs:
             block = config.block_in if t == gemm_input else config.block_out
-            need.setdefault(t, {})[block] = op.name
+            units.setdefault(t, {})[block] = op.name
     produced = {op.output for op in ops}
+    small, large = sorted((config.block_in, config.block_out))
     for op in ops:
         if isinstance(op, (Conv2d, Dense)) and op.input in produced and (
-                config.block_in != config.block_out or config.inp_width != config.out_width):
+                large % small or config.inp_width != config.out_width
+                or (large != small and config.batch > 1)):
             raise CompileError(f"{op.name!r} reads {op.input!r}, which an operator stores in "
                                f"{config.out_width}-bit blocks of {config.block_out} channels, "
                                f"but config {config.name!r}'s GEMM reads {config.inp_width}-bit "
@@ -182,16 +188,13 @@ def plan_layouts(ops: Sequence[Op], shapes: Mapping[str, tuple[int, int, int, in
                                "config", op=op.name)
     layouts = {}
     for name, shape in shapes.items():
-        if name in produced:
-            layouts[name] = ActLayout.of(shape, config, config.block_out)
-            continue
-        blocks = need.get(name, {config.block_in: ""})
-        if len(blocks) > 1:
+        blocks = units.get(name, {config.block_in: ""})
+        if (large % small or config.batch > 1) and len(blocks) > 1:
             raise CompileError(f"input {name!r} is read by {blocks[config.block_in]!r} in blocks "
                                f"of {config.block_in} channels and by "
                                f"{blocks[config.block_out]!r} in blocks of {config.block_out} "
                                f"(config {config.name!r}): give each its own input")
-        layouts[name] = ActLayout.of(shape, config, next(iter(blocks)))
+        layouts[name] = ActLayout.of(shape, config, max(blocks))
     return layouts
 
 

@@ -22,7 +22,7 @@ from .emit import Emitter, Place, TensorInfo, dma_cycles, plane_dmas
 from .epilogue import (EpiloguePlan, emit_epilogue, emit_param_prologue, plan_epilogue,
                        tile_alu)
 from tessera.errors import CompileError
-from .layout import ActLayout, WeightBlocks, pack_conv_weights
+from .layout import WeightBlocks, pack_conv_weights
 from .nest import Dim, dim, explicit_dim, map_nest
 from .ops import Conv2d, Dense
 from .convplan import (Budget, ConvGeom, ConvPlan, LAST_TILE_CHUNKS, PIPELINE_REGIONS,
@@ -123,10 +123,11 @@ class ConvTensorizer:
         blocks = (WeightBlocks.of(self.wpacked) if skip_zero_blocks
                   else WeightBlocks.dense(self.wpacked.shape[:4]))
         self.g = ConvGeom.of(self.conv, inp.layout.shape, c, blocks)
-        if inp.layout.block != c.block_in:
+        if inp.layout.block % c.block_in:
             raise CompileError(f"{self.where}: input {inp.name!r} is packed in blocks of "
                                f"{inp.layout.block} channels but the GEMM reads {c.block_in}",
                                op=op.name)
+        self.in_l = inp.layout.view(c.block_in)
         self.ep = conv_epilogue(self.conv, self.g.o, c, self.where)
         self.hazard = timing.gemm_hazard_distance()
         self.pool, self.fused = getattr(op, "pool", None), None   # :mod:`.poolfuse`
@@ -350,14 +351,15 @@ class ConvTensorizer:
         xf = it.ix0 + x0
         plane = it.rows * it.cols
         planes = [(((nb - it.nb0) * (it.c1 - it.c0) + (cb - it.c0)) * plane,
-                   self.inp.layout.entry(nb, cb, max(yf, 0), max(xf, 0)))
+                   self.in_l.entry(nb, cb, max(yf, 0), max(xf, 0)))
                   for nb in range(it.nb0, it.nb1) for cb in range(it.c0, it.c1)]
         sram_base = s.inp_slot * self.budget.inp_slot
         if rows > 0 and cols > 0:
             return plane_dmas(Load, mem=MemType.INP, sram_base=sram_base,
                               dram_base=self.in_elem, planes=planes, rows=rows, cols=cols,
-                              row_stride=g.w * g.row_step, pads=it.pads,
-                              pad_value=self.conv.pad_value, max_fields=em.max_dma)
+                              row_stride=self.in_l.row_stride * g.row_step, pads=it.pads,
+                              pad_value=self.conv.pad_value,
+                              elem_stride=self.in_l.pixel_stride, max_fields=em.max_dma)
         # The tile sees only padding (e.g. a padded 1x1 kernel at the border): the DMA
         # writes only the pad value, as y padding of an empty read.
         if it.rows > em.max_dma["y_pad_0"]:
@@ -536,7 +538,7 @@ class ConvTensorizer:
         """Loads of residual ``name``'s plane group (image blocks ``nbs``, output blocks
         ``oa:ob_`` of tile ``t``) to accumulator rows ``base``."""
         c = self.config
-        rl = ActLayout.of(self.out.layout.shape, c, c.block_out)
+        rl = self.residuals[name].layout.view(c.block_out)
         px = t.pixels
         planes = [(((n - nbs[0]) * (ob_ - oa) + (o - oa)) * px, n, o)
                   for n in nbs for o in range(oa, ob_)]
@@ -553,7 +555,8 @@ class ConvTensorizer:
                   for n in _image_blocks(t, nb) for o in range(oa, ob_)]
         return plane_dmas(Store, mem=MemType.OUT, sram_base=self.region_base(s.acc_slot),
                           dram_base=self.out_elem,
-                          **tile_planes(self.out.layout, t, planes, self.g.ow, self.out.view),
+                          **tile_planes(self.out.layout.view(self.config.block_out), t, planes,
+                                       self.g.ow, self.out.view),
                           max_fields=self.em.max_dma)
 
 

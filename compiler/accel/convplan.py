@@ -552,19 +552,21 @@ def tile_planes(layout: ActLayout, t: Tile, planes: list[tuple[int, int, int]], 
                 view: tuple[int, int, int, int] | None) -> dict:
     """The :func:`~.emit.plane_dmas` geometry moving tile ``t``'s output planes
     ``(sram offset, image block, output block)`` to or from their places in an
-    output-shaped tensor of ``layout``: rows of ``ow`` pixels, or, for a phase of a
-    larger tensor (``view``: ``(sy, sx, ay, ax)``), rows ``sy`` apart and pixels ``sx``
-    apart (a DMA row per pixel)."""
+    output-shaped tensor of ``layout`` (its pixels :attr:`~.ActLayout.pixel_stride`
+    elements apart): rows of ``ow`` pixels, or, for a phase of a larger tensor (``view``:
+    ``(sy, sx, ay, ax)``), rows ``sy`` apart and pixels ``sx`` apart (a DMA row per
+    pixel)."""
     rows, cols = t.oy1 - t.oy0, t.ox1 - t.ox0
+    ps = layout.pixel_stride
     if view is None:
         return dict(planes=[(s, layout.entry(n, o, t.oy0, t.ox0)) for s, n, o in planes],
-                    rows=rows, cols=cols, row_stride=ow)
+                    rows=rows, cols=cols, row_stride=ow * ps, elem_stride=ps)
     sy, sx, ay, ax = view
     if sx == 1:
         return dict(planes=[(s, layout.entry(n, o, sy * t.oy0 + ay, t.ox0 + ax))
                             for s, n, o in planes],
-                    rows=rows, cols=cols, row_stride=sy * layout.w)
+                    rows=rows, cols=cols, row_stride=sy * layout.row_stride, elem_stride=ps)
     return dict(planes=[(s + r * cols, layout.entry(n, o, sy * (t.oy0 + r) + ay,
                                                     sx * t.ox0 + ax))
                         for s, n, o in planes for r in range(rows)],
-                rows=cols, cols=1, row_stride=sx)
+                rows=cols, cols=1, row_stride=sx * ps)

@@ -40,7 +40,7 @@ def tensor_bytes(shape: tuple[int, ...], config: HwConfig, layout: ActLayout | N
     """DRAM bytes of an activation tensor in its packed layout (default: ``block_out``
     channel blocks, as operators store them)."""
     layout = layout or ActLayout.of(shape, config, config.block_out)
-    return layout.entries * layout.batch * layout.block * config.out_width // 8
+    return layout.values * config.out_width // 8
 
 
 def _align(n: int) -> int:
@@ -130,6 +130,13 @@ def concat_parts(ops: Sequence[Op], shapes: Mapping[str, tuple[int, int, int, in
     for op in ops:
         if not isinstance(op, Concat):
             continue
+        if config.block_in > config.block_out:
+            # the GEMM's input is stored in blocks of block_in, a part's stores write
+            # sub-blocks of block_out of its own layout: the parts would not line up
+            raise CompileError(f"concat {op.name!r}: a core whose GEMM reads wider blocks "
+                               f"({config.block_in} channels) than it stores "
+                               f"({config.block_out}) cannot store a concat's inputs in "
+                               "place", op=op.name)
         channels = 0
         for part in op.parts:
             n, c, h, w = shapes[part]

@@ -116,7 +116,7 @@ class _EltwiseLowering:
         self.a, self.out = tensors[op.a], tensors[op.output]
         check_acc8_layout(self.a.layout, c, self.where, self.a.name)
         self.shape = self.a.layout.shape
-        self.a_l = ActLayout.of(self.shape, c, c.block_out)
+        self.a_l = self.a.layout.view(c.block_out)
         int8_range = (-(1 << (c.out_width - 1)), (1 << (c.out_width - 1)) - 1)
         if isinstance(op.b, str):
             self.b = _tensor_b(op, tensors[op.b], self.shape, c, self.where, int8_range)
@@ -188,7 +188,7 @@ class _EltwiseLowering:
         as a segment of its own)."""
         c, em, b = self.em.config, self.em, self.b
         if b.kind == "tensor":
-            return (ActLayout.of(b.tensor.layout.shape, c, c.block_out),
+            return (b.tensor.layout.view(c.block_out),
                     em.elem(b.tensor.place, MemType.ACC8))
         if b.kind == "full":
             layout = ActLayout.of(self.shape, c, c.block_out)

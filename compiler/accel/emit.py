@@ -199,14 +199,20 @@ def dma_cycles(config: HwConfig, insn: Load | Store) -> int:
 def plane_dmas(kind: type, *, mem: MemType, sram_base: int, dram_base: int,
                planes: list[tuple[int, int]], rows: int, cols: int, row_stride: int,
                pads: tuple[int, int, int, int] = (0, 0, 0, 0), pad_value: int = 0,
-               max_fields: dict[str, int]) -> list[Load | Store]:
+               elem_stride: int = 1, max_fields: dict[str, int]) -> list[Load | Store]:
     """DMAs moving ``len(planes)`` 2-D planes of ``rows x cols`` elements.
 
     ``planes`` lists ``(sram offset, dram offset)`` of each plane; the SRAM side
     of a plane is contiguous (with its padding of ``pad_value``, for loads), the DRAM side
-    has rows ``row_stride`` elements apart. Planes equally spaced on both
+    has rows ``row_stride`` elements apart, and a row's elements ``elem_stride`` apart
+    (:attr:`~.layout.ActLayout.pixel_stride`). Planes equally spaced on both
     sides and without padding merge into fewer DMAs, when the fields allow.
     """
+    if elem_stride != 1:
+        return _strided_plane_dmas(kind, mem=mem, sram_base=sram_base, dram_base=dram_base,
+                                   planes=planes, rows=rows, cols=cols, row_stride=row_stride,
+                                   pads=pads, pad_value=pad_value, elem_stride=elem_stride,
+                                   max_fields=max_fields)
     y0, y1, x0, x1 = pads
     out: list[Load | Store] = []
     padded = any(pads)
@@ -234,6 +240,38 @@ def plane_dmas(kind: type, *, mem: MemType, sram_base: int, dram_base: int,
                       pad_value=pad_value if padded else 0) if kind is Load else {}
         out.append(kind(mem=mem, sram_base=sram_base + s_off, dram_base=dram_base + d_off,
                         y_size=rows, x_size=cols, x_stride=row_stride, **fields))
+    return out
+
+
+def _strided_plane_dmas(kind: type, *, mem: MemType, sram_base: int, dram_base: int,
+                        planes: list[tuple[int, int]], rows: int, cols: int, row_stride: int,
+                        pads: tuple[int, int, int, int], pad_value: int, elem_stride: int,
+                        max_fields: dict[str, int]) -> list[Load | Store]:
+    """:func:`plane_dmas` for elements ``elem_stride`` apart: a DMA per plane row, whose
+    ``cols`` elements are its rows of one element (the row's x padding is then its y
+    padding), and the plane's top and bottom padding as DMAs that only pad."""
+    y0, y1, x0, x1 = pads
+    width = x0 + cols + x1
+    if elem_stride > max_fields["x_stride"] or cols > max_fields["y_size"]:
+        raise CompileError(f"a row of {cols} elements {elem_stride} apart exceeds the DMA "
+                           f"fields (x_stride <= {max_fields['x_stride']}, y_size <= "
+                           f"{max_fields['y_size']})")
+    fill = dict(pad_value=pad_value) if kind is Load and any(pads) else {}
+    out: list[Load | Store] = []
+    for s_off, d_off in planes:
+        sram = sram_base + s_off
+        if y0:
+            out.append(Load(mem=mem, sram_base=sram, dram_base=dram_base + d_off, y_size=0,
+                            x_size=width, x_stride=width, y_pad_0=y0, **fill))
+        for r in range(rows):
+            pad = dict(y_pad_0=x0, y_pad_1=x1, **fill) if kind is Load else {}
+            out.append(kind(mem=mem, sram_base=sram + (y0 + r) * width,
+                            dram_base=dram_base + d_off + r * row_stride, y_size=cols,
+                            x_size=1, x_stride=elem_stride, **pad))
+        if y1:
+            out.append(Load(mem=mem, sram_base=sram + (y0 + rows) * width,
+                            dram_base=dram_base + d_off, y_size=0, x_size=width,
+                            x_stride=width, y_pad_0=y1, **fill))
     return out
 
 

@@ -41,15 +41,26 @@ def int_dtype(bits: int) -> type:
 
 @dataclass(frozen=True)
 class ActLayout:
-    """The blocked layout of one activation tensor.
+    """The blocked layout of one activation tensor, and how a DMA addresses it.
 
     ``shape`` is the logical ``(N, C, H, W)``; ``batch`` and ``block`` are the
-    ``n`` and ``c`` of the packed ``(N/n, C/c, H, W, n, c)`` layout.
+    ``n`` and ``c`` of the packed ``(N/n, C/c, H, W, n, c)`` layout in DRAM.
+
+    ``unit`` (default ``block``) is the channel block one DMA element holds: the GEMM
+    reads ``block_in`` channels per entry, the accumulator and output buffers hold
+    ``block_out``. A core with ``block_in != block_out`` stores a tensor in blocks of the
+    larger and moves the smaller as sub-blocks (one image per entry): with
+    ``r = block / unit``, sub-block
+    ``cb`` of a pixel is element ``r * entry + cb % r`` of its DRAM entry, so a pixel's
+    sub-blocks lie ``r`` elements apart (:attr:`pixel_stride`) and a DMA moves a row of
+    pixels as single-element rows (:func:`~.emit.plane_dmas`). :meth:`view` gives the
+    layout as another unit sees it; sizes and packing depend only on ``block``.
     """
 
     shape: tuple[int, int, int, int]
     batch: int
     block: int
+    unit: int | None = None
 
     @classmethod
     def of(cls, shape: tuple[int, ...], config: HwConfig, block: int | None = None) -> "ActLayout":
@@ -62,13 +73,32 @@ class ActLayout:
                                f"sizes, not {shape}")
         return cls(shape, config.batch, config.block_in if block is None else block)
 
+    def view(self, unit: int) -> "ActLayout":
+        """This tensor as a DMA of ``unit``-channel elements addresses it."""
+        if self.block % unit or (unit != self.block and self.batch > 1):
+            # an entry holds ``batch`` images' channels one image after the other, so a
+            # sub-block of several images is not contiguous
+            raise CompileError(f"a tensor stored in blocks of {self.block} channels cannot be "
+                               f"moved in blocks of {unit}"
+                               + (f": {unit} does not divide {self.block}" if self.block % unit
+                                  else f" with {self.batch} images per entry"))
+        return ActLayout(self.shape, self.batch, self.block, unit)
+
+    @property
+    def pixel_stride(self) -> int:
+        """Elements (of :attr:`unit` channels) between one pixel's sub-block and the next
+        pixel's: 1 when a DMA element is a whole DRAM block."""
+        return self.block // (self.unit or self.block)
+
     @property
     def nb(self) -> int:
         return ceil_div(self.shape[0], self.batch)
 
     @property
     def cb(self) -> int:
-        return ceil_div(self.shape[1], self.block)
+        """Channel blocks of :attr:`unit` channels holding the tensor's channels (a
+        ``block``'s sub-blocks past the last channel hold only padding)."""
+        return ceil_div(self.shape[1], self.unit or self.block)
 
     @property
     def h(self) -> int:
@@ -79,21 +109,30 @@ class ActLayout:
         return self.shape[3]
 
     @property
+    def row_stride(self) -> int:
+        """Elements between a pixel and the one below it."""
+        return self.w * self.pixel_stride
+
+    @property
     def packed_shape(self) -> tuple[int, int, int, int, int, int]:
-        return (self.nb, self.cb, self.h, self.w, self.batch, self.block)
+        return (self.nb, ceil_div(self.shape[1], self.block), self.h, self.w, self.batch,
+                self.block)
 
     @property
     def entries(self) -> int:
-        """Buffer entries (``n x c`` values each) the tensor occupies in DRAM."""
-        return self.nb * self.cb * self.h * self.w
+        """DRAM entries (``n x block`` values each) the tensor occupies."""
+        return self.nb * ceil_div(self.shape[1], self.block) * self.h * self.w
 
     @property
     def values(self) -> int:
         return self.entries * self.batch * self.block
 
     def entry(self, nb: int, cb: int, y: int, x: int) -> int:
-        """The entry index of pixel ``(y, x)`` of channel block ``cb`` of image block ``nb``."""
-        return ((nb * self.cb + cb) * self.h + y) * self.w + x
+        """The element index of pixel ``(y, x)`` of channel block ``cb`` (of :attr:`unit`
+        channels) of image block ``nb``."""
+        r = self.pixel_stride
+        blocks = ceil_div(self.shape[1], self.block)
+        return (((nb * blocks + cb // r) * self.h + y) * self.w + x) * r + cb % r
 
 
 def pack_activation(x: np.ndarray, layout: ActLayout, dtype: type = np.int8) -> np.ndarray:
@@ -104,20 +143,20 @@ def pack_activation(x: np.ndarray, layout: ActLayout, dtype: type = np.int8) -> 
     if tuple(x.shape) != layout.shape:
         raise CompileError(f"tensor of shape {tuple(x.shape)} does not match the layout's "
                            f"shape {layout.shape}")
-    n, c, h, w = layout.shape
-    full = np.zeros((layout.nb * layout.batch, layout.cb * layout.block, h, w), dtype=dtype)
+    nb, cb, h, w, batch, block = layout.packed_shape
+    n, c = layout.shape[:2]
+    full = np.zeros((nb * batch, cb * block, h, w), dtype=dtype)
     full[:n, :c] = x
     return np.ascontiguousarray(
-        full.reshape(layout.nb, layout.batch, layout.cb, layout.block, h, w)
-        .transpose(0, 2, 4, 5, 1, 3))
+        full.reshape(nb, batch, cb, block, h, w).transpose(0, 2, 4, 5, 1, 3))
 
 
 def unpack_activation(packed: np.ndarray, layout: ActLayout) -> np.ndarray:
     """Packed ``(N/n, C/c, H, W, n, c)`` (or its flat values) -> ``(N, C, H, W)``."""
     p = np.asarray(packed).reshape(layout.packed_shape)
-    n, c, h, w = layout.shape
-    full = p.transpose(0, 4, 1, 5, 2, 3).reshape(layout.nb * layout.batch,
-                                                 layout.cb * layout.block, h, w)
+    nb, cb, h, w, batch, block = layout.packed_shape
+    n, c = layout.shape[:2]
+    full = p.transpose(0, 4, 1, 5, 2, 3).reshape(nb * batch, cb * block, h, w)
     return np.ascontiguousarray(full[:n, :c])
 
 

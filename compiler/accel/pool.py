@@ -135,6 +135,7 @@ class _PoolLowering:
         """Emit the operator: parameter rows, then per tile the pooling, the epilogue and
         the store."""
         self.em, self.inp, self.out, self.residuals = em, inp, out, residuals
+        self.in_l = inp.layout.view(self.config.block_out)   # as stored (same blocks)
         op, ep = self.op, self.ep
         em.begin_op(op.name)
         (self.param_base,), self.param_starts = emit_param_prologue(em, op.name, ep,

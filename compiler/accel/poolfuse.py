@@ -176,14 +176,14 @@ class FusedPool:
         """The stores of tile ``t``'s pooled rows (each the first ``ow/2`` entries of its row
         ``2y``)."""
         ob_n, px, half = t.ob1 - t.ob0, t.pixels, self.w // 2
-        layout = self.out.layout
+        layout = self.out.layout.view(self.em.config.block_out)
         planes = [(((nb - t.nb0) * ob_n + (ob - t.ob0)) * px + (2 * y - t.oy0) * self.w,
                    layout.entry(nb, ob, y, 0))
                   for nb in range(t.nb0, t.nb1) for ob in range(t.ob0, t.ob1)
                   for y in range(t.oy0 // 2, t.oy1 // 2)]
         return plane_dmas(Store, mem=MemType.OUT, sram_base=base, dram_base=self.elem,
-                          planes=planes, rows=1, cols=half, row_stride=half,
-                          max_fields=self.em.max_dma)
+                          planes=planes, rows=1, cols=half, row_stride=layout.row_stride,
+                          elem_stride=layout.pixel_stride, max_fields=self.em.max_dma)
 
 
 def fuse_conv_pools(ops: list[Op], shapes: dict[str, tuple[int, int, int, int]],

@@ -25,7 +25,10 @@ instructions in order:
   after an overlapped epilogue waits for the epilogue's last ALU instruction,
   which itself started after the tile's GEMMs ended), so the waiting is as
   short as possible (a loop-carried WAR between virtual threads waits for the
-  tile ``threads`` steps back, not the previous one).
+  tile ``threads`` steps back, not the previous one). A load/store token towards
+  compute comes from the module's newest instruction instead when the exact one's push
+  could find the queue full of tokens popped later in the program
+  (:meth:`_TokenPlacer._token_source`).
 * Between the two compute units there are no tokens: an ``overlap``
   instruction that conflicts with an unfinished instruction of the other
   unit, or shares an accumulator bank with the instruction it may run beside
@@ -170,6 +173,9 @@ class _TokenPlacer:
         # unless an instruction that waited for both units came since (verify.overlap_partner).
         self.partner_of: dict[str, _Rec | None] = {"gemm": None, "alu": None}
         self.last_push: dict[tuple[int, int], int] = {}    # queue -> index of its newest push
+        # Output index of each pop of the load->compute and store->compute queues, in order.
+        self.pops: dict[int, list[int]] = {L_LOAD: [], L_STORE: []}
+        self.token_depth = program.config.token_queue_depth
         self.out: list[_Rec] = []
 
     # ------------------------------------------------------------ clocks and tokens
@@ -256,8 +262,22 @@ class _TokenPlacer:
         vc = self.base_before(rec, rec.overlap)
         for lane in (L_LOAD, L_STORE):
             if need[lane] > vc[lane]:
-                vc = self.link(self.lane_recs[lane][need[lane]], rec, vc)
+                vc = self.link(self._token_source(lane, need[lane]), rec, vc)
+                self.pops[lane].append(len(self.out))
         return vc
+
+    def _token_source(self, lane: int, need: int) -> _Rec:
+        """The load/store instruction that pushes the next compute instruction's token: the
+        conflicting one (``need`` on ``lane``), unless the token queue could then hold
+        ``token_queue_depth`` tokens whose pops all come after it in the program (a row of
+        small stores each read by a later tile: the push could wait for a pop that fetch
+        has not reached). Then the lane's newest instruction, which implies it, pushes: a
+        compute instruction after it needs no token from the ones before."""
+        producer = self.lane_recs[lane][need]
+        pops = self.pops[lane]
+        if len(pops) >= self.token_depth and pops[-self.token_depth] > producer.index:
+            return self.lane_recs[lane][-1]
+        return producer
 
     def _drop_unsafe_overlap(self, rec: _Rec, need: list[int]) -> None:
         """Clear ``rec``'s overlap flag if it conflicts with an unfinished instruction of the

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, strategies as st
 
 from tessera.compiler import (ActLayout, pack_activation, pack_conv_weights, pack_weights,
                               unpack_activation, unpack_conv_weights, unpack_weights)
 from tessera.config import PRESETS
+from tessera.errors import CompileError
 
 from tests.compiler.helpers import FEW
 
@@ -30,6 +32,38 @@ def test_activation_round_trip_and_order(n, c, h, w, config, seed):
     assert layout.entries == flat.shape[0]
     # Padded channels and images are zero.
     assert np.count_nonzero(packed) == np.count_nonzero(x)
+
+
+@FEW
+@given(st.integers(1, 3), st.integers(1, 40), st.integers(1, 4), st.integers(1, 5),
+       st.sampled_from([(8, 4), (16, 4), (16, 8), (4, 4)]), st.integers(0, 2**31))
+def test_a_sub_block_view_addresses_the_same_values(n, c, h, w, blocks, seed):
+    """A view in sub-blocks of ``unit`` channels: element ``entry(nb, cb, y, x)`` (of ``unit``
+    values) holds channels ``cb*unit..`` of pixel (y, x), a pixel's next sub-block is
+    ``pixel_stride`` elements on, and sizes stay those of the stored blocks."""
+    block, unit = blocks
+    x = np.random.default_rng(seed).integers(-128, 128, (n, c, h, w), dtype=np.int8)
+    layout = ActLayout.of(x.shape, PRESETS["tiny"], block)
+    view = layout.view(unit)
+    flat = pack_activation(x, layout).reshape(-1, unit)
+    assert view.pixel_stride == block // unit and view.row_stride == w * block // unit
+    assert view.cb == -(-c // unit) and (view.entries, view.values) == (layout.entries,
+                                                                          layout.values)
+    for i, j, y, v in [(0, 0, 0, 0), (n - 1, c - 1, h - 1, w - 1), (n // 2, c // 2, h // 2, 0)]:
+        e = view.entry(i, j // unit, y, v)
+        assert flat[e, j % unit] == x[i, j, y, v]
+        if v + 1 < w:
+            assert view.entry(i, j // unit, y, v + 1) == e + view.pixel_stride
+
+
+@pytest.mark.parametrize("layout, unit, why", [
+    (ActLayout((1, 24, 2, 2), 1, 12), 8, "8 does not divide 12"),
+    (ActLayout((2, 16, 2, 2), 2, 16), 8, "with 2 images per entry")])
+def test_a_view_needs_whole_sub_blocks(layout, unit, why):
+    """A sub-block must divide the block, and be contiguous: not across the images of an
+    entry."""
+    with pytest.raises(CompileError, match=why):
+        layout.view(unit)
 
 
 @FEW
