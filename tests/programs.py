@@ -109,13 +109,19 @@ def single_shot(config: HwConfig, *, segments: Mapping[str, np.ndarray | int] = 
 #: DDR wide enough for every port at once.
 TINY_2LOAD = PRESETS["tiny"].replace(name="tiny-2load", dram_ports=5,
                                      module_ports=(0, (1, 4), 2, 3), ddr_bytes_per_cycle=64.0)
+#: GEMM cores that read a different channel block than they store (layers chain through
+#: sub-block DMAs, compiler/accel/layout.py), with the DDR bandwidth of TINY_2LOAD.
+TINY_8X4 = PRESETS["tiny"].replace(name="tiny-8x4", block_in=8, block_out=4,
+                                   ddr_bytes_per_cycle=64.0)
+TINY_4X8 = PRESETS["tiny"].replace(name="tiny-4x8", block_in=4, block_out=8, acc_depth=256,
+                                   out_depth=256, ddr_bytes_per_cycle=64.0)
 
 #: Configs the ``rtl`` backend runs (one Verilator build each): tiny ones in the default
 #: test run (``tiny-2load``: :data:`TINY_2LOAD`); benchmarks/rtl_agreement.py sets
 #: TESSERA_RTL_CONFIGS=pynq. On the ``pynq`` backend these configs run on the RTL-backed
 #: simulated board, the others on the simulator-backed one.
 RTL_CONFIGS = tuple(os.environ.get("TESSERA_RTL_CONFIGS",
-                                   "tiny,tiny-b2,tiny-2load").split(","))
+                                   "tiny,tiny-b2,tiny-2load,tiny-8x4,tiny-4x8").split(","))
 #: If set, every simulator-vs-device comparison appends a JSON line to this file.
 RTL_REPORT = os.environ.get("TESSERA_RTL_REPORT")
 #: Cycle agreement required when concurrent DRAM transfers shared bandwidth.

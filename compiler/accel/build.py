@@ -161,13 +161,15 @@ def infer_shapes(ops: Sequence[Op], input_shapes: Mapping[str, tuple[int, ...]]
 
 
 def plan_layouts(ops: Sequence[Op], shapes: Mapping[str, tuple[int, int, int, int]],
-                 config: HwConfig) -> dict[str, ActLayout]:
+                 config: HwConfig, input_blocks: Mapping[str, int] | None = None
+                 ) -> dict[str, ActLayout]:
     """The packed layout of every tensor: blocks of the widest channel block that moves
     it -- ``block_out`` for an operator's stores and the accumulator (acc8) loads,
     ``block_in`` for the GEMM's input. On a core with ``block_in != block_out`` a tensor
     the GEMM reads is stored in blocks of the larger and the smaller moves as sub-blocks
     (:attr:`ActLayout.pixel_stride`), so a layer chains into the next on any core of one
-    image per entry whose block sizes divide one another."""
+    image per entry whose block sizes divide one another. ``input_blocks`` fixes a program
+    input's block (a layer compiled alone, stored as in its model)."""
     units: dict[str, dict[int, str]] = {}
     for op in ops:
         units.setdefault(op.output, {})[config.block_out] = op.name
@@ -194,7 +196,8 @@ def plan_layouts(ops: Sequence[Op], shapes: Mapping[str, tuple[int, int, int, in
                                f"of {config.block_in} channels and by "
                                f"{blocks[config.block_out]!r} in blocks of {config.block_out} "
                                f"(config {config.name!r}): give each its own input")
-        layouts[name] = ActLayout.of(shape, config, max(blocks))
+        block = (input_blocks or {}).get(name) if name not in produced else None
+        layouts[name] = ActLayout.of(shape, config, block or max(blocks))
     return layouts
 
 
@@ -204,7 +207,8 @@ def compile_ops(ops: Sequence[Op], input_shapes: Mapping[str, tuple[int, ...]],
                 pack_small_channels: bool = True, skip_zero_blocks: bool = True,
                 verify: bool = False, fuse_pools: bool = True,
                 on_op: Callable[[Op], None] | None = None,
-                tuner: SimTuner | None = None) -> CompiledProgram:
+                tuner: SimTuner | None = None,
+                input_blocks: Mapping[str, int] | None = None) -> CompiledProgram:
     """Compile ``ops`` (in execution order) into one program for ``config``.
 
     ``input_shapes`` gives the program inputs' logical shapes; ``outputs`` the
@@ -218,7 +222,8 @@ def compile_ops(ops: Sequence[Op], input_shapes: Mapping[str, tuple[int, ...]],
     layer densely, e.g. to compare). ``verify`` runs
     :func:`~.verify.verify_program` on the result. ``fuse_pools``: a max pool runs in the
     tiles of the convolution it reads where it can (:mod:`.poolfuse`). ``on_op`` sees each
-    operator before it is tensorized. ``tuner``: see :mod:`.simtune`.
+    operator before it is tensorized. ``tuner``: see :mod:`.simtune`. ``input_blocks``
+    stores the named inputs in blocks of that many channels (:func:`plan_layouts`).
     """
     t0 = time.perf_counter()
     cfg = get_config(config)
@@ -227,7 +232,7 @@ def compile_ops(ops: Sequence[Op], input_shapes: Mapping[str, tuple[int, ...]],
     unfused = partial(compile_ops, ops, input_shapes, cfg, outputs=outputs, threads=threads,
                       plans=plans, pack_small_channels=pack_small_channels,
                       skip_zero_blocks=skip_zero_blocks, verify=verify, fuse_pools=False,
-                      on_op=on_op, tuner=tuner)
+                      on_op=on_op, tuner=tuner, input_blocks=input_blocks)
     ops = list(ops)
     user_inputs = list(input_shapes)
     input_transforms: dict[str, PackedInput] = {}
@@ -249,7 +254,7 @@ def compile_ops(ops: Sequence[Op], input_shapes: Mapping[str, tuple[int, ...]],
     if fuse_pools:
         ops = fuse_conv_pools(ops, shapes, outs, cfg, threads, plans or {})
     em = Emitter(cfg)
-    layouts = plan_layouts(ops, shapes, cfg)
+    layouts = plan_layouts(ops, shapes, cfg, input_blocks)
     dram = plan_dram(ops, shapes, list(input_shapes), outs, cfg, em, layouts)
     tensors = {name: TensorInfo(name, layouts[name], dram.places[name]) for name in shapes}
     used_plans: dict[str, object] = {}

@@ -91,7 +91,8 @@ class SimTuner:
         try:
             program = compile_ops([tz.op], shapes, tz.config, threads=threads,
                                   plans={tz.op.name: plan}, fuse_pools=False,
-                                  skip_zero_blocks=not tz.g.blocks.is_dense)
+                                  skip_zero_blocks=not tz.g.blocks.is_dense,
+                                  input_blocks={t.name: t.layout.block for t in tensors})
         except CompileError:
             return None
         _, result = program.run({name: np.zeros(s, np.int8) for name, s in shapes.items()})

@@ -9,15 +9,15 @@ from tessera.compiler import Conv2d, Eltwise, Pool2d, compile_ops, requantize
 from tessera.compiler.accel.ops import Concat, ConvTranspose2d
 from tessera.errors import CompileError
 from tessera.isa import Load, MemType, Store
+from tessera.sim import simulate
 
 from tests.compiler.accel.test_build import _reference, _resnet_block
 from tests.compiler.helpers import TINY, compile_and_run
+from tests.programs import TINY_4X8, TINY_8X4, assert_device_agrees
 
 #: Reads wider blocks than it stores (tensors the GEMM reads are stored in blocks of 8, the
 #: stores write sub-blocks of 4), and the other way round (the GEMM reads sub-blocks).
-WIDE_IN = TINY.replace(name="tiny-8x4", block_in=8, block_out=4)
-WIDE_OUT = TINY.replace(name="tiny-4x8", block_in=4, block_out=8, acc_depth=256,
-                        out_depth=256)
+WIDE_IN, WIDE_OUT = TINY_8X4, TINY_4X8
 RECTANGULAR = [WIDE_IN, WIDE_OUT]
 
 
@@ -118,3 +118,36 @@ def test_sub_block_stores_never_fill_the_token_queue():
     out, _, compiled = compile_and_run(ops, {"x": x}, WIDE_IN)
     np.testing.assert_array_equal(out["y"], expected["y"])
     assert compiled.program.config.token_queue_depth == 8
+
+
+@pytest.mark.parametrize("config", RECTANGULAR, ids=[c.name for c in RECTANGULAR])
+@pytest.mark.parametrize("chain", ["resnet-block", "mixed"])
+def test_the_rtl_agrees_on_sub_block_dmas(config, chain):
+    """The compiled programs on the Verilator model: DRAM bit-identical and cycles equal
+    (uncontended DDR, so no tolerance)."""
+    if chain == "resnet-block":
+        rng = np.random.default_rng(21)
+        ops, _ = _resnet_block(rng)
+        x = rng.integers(-128, 128, (1, 3, 16, 16), dtype=np.int8)
+    else:
+        ops = _mixed_chain(np.random.default_rng(1))
+        x = np.random.default_rng(5).integers(-128, 128, (1, 6, 7, 9), dtype=np.int8)
+    program = compile_ops(ops, {"x": x.shape}, config).bind({"x": x})
+    sim = simulate(program)
+    assert not sim.stats.dram_contended
+    assert_device_agrees(program, sim, "rtl")
+
+
+def test_an_input_stored_as_in_its_model():
+    """``input_blocks``: a layer compiled alone reads its input as stored in its model (the
+    simulator-checked tiling times it so, compiler/accel/simtune.py): sub-block loads,
+    the same result."""
+    rng = np.random.default_rng(4)
+    conv = Conv2d("c", "x", "y", rng.integers(-128, 128, (8, 8, 3, 3), np.int8), padding=1,
+                  epilogue=requantize(np.float32(1e-3)))
+    x = rng.integers(-128, 128, (1, 8, 6, 6), dtype=np.int8)
+    native, _, alone = compile_and_run([conv], {"x": x}, WIDE_OUT)
+    stored, _, in_model = compile_and_run([conv], {"x": x}, WIDE_OUT, input_blocks={"x": 8})
+    np.testing.assert_array_equal(stored["y"], native["y"])
+    assert in_model.tensors["x"].layout.block == 8 and alone.tensors["x"].layout.block == 4
+    assert _strided(in_model, Load, MemType.INP) and not _strided(alone, Load, MemType.INP)
