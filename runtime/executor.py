@@ -370,11 +370,14 @@ class Model:
         rows = layer_profiles(cp.program, cp.op_bounds, trace, result.cycles)
         info = {x.name: x for x in step.layers}
         layers, spans = [], []
-        for name, cycles, gemm, dram, span in rows:
+        for (name, cycles, gemm, dram, span), (_, first, end) in zip(rows, cp.op_bounds):
             layer = info.get(name)
+            kind = layer.kind if layer else ""
+            if first == end and layers:     # fused: it ran in the operator before it
+                kind += f" (in {layers[-1].name})"
             seconds = self.config.cycles_to_seconds(cycles) if cycles is not None else 0.0
             layers.append(LayerProfile(
-                name, layer.kind if layer else "", "accelerator", step.name, seconds, cycles,
+                name, kind, "accelerator", step.name, seconds, cycles,
                 gemm, dram, layer.macs if layer else 0, layer.bound_cycles if layer else None,
                 layer.bound_by if layer else ""))
             if span is not None:

@@ -280,7 +280,8 @@ def layer_profiles(program: Program, bounds: Sequence[tuple[str, int, int]],
 
     With a ``trace``, an operator's cycles run from the end of the previous operator's
     last instruction to the end of its own (the segment total is their sum); without
-    one, a single operator gets the total and several get ``None``.
+    one, a single operator gets the total and several get ``None``. An operator without
+    instructions of its own (a max pool run in its convolution's tiles) gets ``None``.
     """
     isa = program.isa
     insns = program.instructions
@@ -291,6 +292,8 @@ def layer_profiles(program: Program, bounds: Sequence[tuple[str, int, int]],
                 ends[e.index] = e.end
     rows = []
     previous = 0
+    # the last operator with instructions takes the tail (FINISH) of the run
+    last = max((k for k, (_, first, end) in enumerate(bounds) if end > first), default=-1)
     for k, (name, first, end) in enumerate(bounds):
         gemm = dram = 0
         for insn in insns[first:end]:
@@ -298,9 +301,11 @@ def layer_profiles(program: Program, bounds: Sequence[tuple[str, int, int]],
                 gemm += insn.op_count
             elif isinstance(insn, (Load, Store)):
                 dram += insn.y_size * insn.x_size * isa.elem_bytes(insn.mem)
-        if trace:
+        if end == first and len(bounds) > 1:
+            cycles, span = None, None
+        elif trace:
             done = int(ends[first:end].max()) if end > first else previous
-            if k == len(bounds) - 1:
+            if k == last:
                 done = max(done, total_cycles)
             cycles, span = max(0, done - previous), (previous, done)
             previous = max(previous, done)

@@ -49,12 +49,12 @@ class ActLayout:
     ``unit`` (default ``block``) is the channel block one DMA element holds: the GEMM
     reads ``block_in`` channels per entry, the accumulator and output buffers hold
     ``block_out``. A core with ``block_in != block_out`` stores a tensor in blocks of the
-    larger and moves the smaller as sub-blocks (one image per entry): with
-    ``r = block / unit``, sub-block
-    ``cb`` of a pixel is element ``r * entry + cb % r`` of its DRAM entry, so a pixel's
-    sub-blocks lie ``r`` elements apart (:attr:`pixel_stride`) and a DMA moves a row of
-    pixels as single-element rows (:func:`~.emit.plane_dmas`). :meth:`view` gives the
-    layout as another unit sees it; sizes and packing depend only on ``block``.
+    larger and moves the smaller as sub-blocks (one image per entry): with ``r = block /
+    unit``, sub-block ``cb`` of a pixel is element ``r * entry + cb % r`` of its DRAM
+    entry, so a pixel's sub-blocks lie ``r`` elements apart (:attr:`pixel_stride`) and a
+    DMA moves a row of pixels as single-element rows (:func:`~.emit.plane_dmas`).
+    :meth:`view` gives the layout as another unit sees it; sizes and packing depend only
+    on ``block``.
     """
 
     shape: tuple[int, int, int, int]

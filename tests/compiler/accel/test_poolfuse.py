@@ -151,3 +151,18 @@ def test_fused_pool_equals_the_unfused_program_in_either_order(first):
     assert _fused(program)
     np.testing.assert_array_equal(fused["z"], alone["z"])
     np.testing.assert_array_equal(fused["z"], run_reference([conv, pool], {"x": x})["z"])
+
+
+def test_a_fused_pool_has_no_profile_cycles_of_its_own():
+    """The profile rows of a program whose pools run in their convolutions' tiles: each
+    pool gets no cycles (not 0), the convolutions' cycles add up to the run's."""
+    from tessera.runtime.profile import layer_profiles
+    rng = np.random.default_rng(4)
+    c1, m1, x = _pair(rng, 1, 4, 16, 16, 32, 3, 1)
+    compiled = compile_ops([c1, m1], {"x": x.shape}, PYNQ)
+    assert _fused(compiled)
+    _, result = compiled.run({"x": x}, trace=True)
+    rows = layer_profiles(compiled.program, compiled.op_bounds, result.trace,
+                          result.stats.cycles)
+    assert [(name, cycles is None) for name, cycles, *_ in rows] == [("c", False), ("m", True)]
+    assert rows[0][1] == result.stats.cycles
