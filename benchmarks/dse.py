@@ -44,6 +44,14 @@ def _describe(r: PointResult, models: list[str]) -> str:
     return f"{r.point.label}: {lat}; {res or 'not synthesized'}"
 
 
+def _share(r: PointResult) -> float:
+    """The design's LUT, DSP and BRAM shares of the part, summed (inf if not synthesized)."""
+    if not r.resources or "used" not in r.resources:
+        return float("inf")
+    used, avail = r.resources["used"], r.resources["available"]
+    return sum(used[k] / avail[k] for k in PARETO_RESOURCES)
+
+
 def compare_with_preset(sweep: Sweep) -> list[str]:
     """The best fitting point for the first model, and the pynq preset's point."""
     model = sweep.models[0]
@@ -51,7 +59,8 @@ def compare_with_preset(sweep: Sweep) -> list[str]:
             and "latency_ms" in r.models.get(model, {})]
     if not done:
         return ["no point finished yet"]
-    best = min(done, key=lambda r: r.models[model]["latency_ms"])
+    # equal latencies (buffer sizes a model does not need): the smaller design wins
+    best = min(done, key=lambda r: (round(r.models[model]["latency_ms"], 6), _share(r)))
     lines = [f"best for {model}: {_describe(best, sweep.models)}"]
     preset = next((r for r in sweep.results if _is_preset(r)), None)
     if preset is not None and model in preset.models and "latency_ms" in preset.models[model]:
