@@ -11,8 +11,8 @@ simulator checking each convolution's first choice and ranking the best
 (model, config): layers checked, how many the model missed by more than the margin, how
 many tilings the simulator changed, the whole model's accelerator cycles both ways, and
 the compile time both ways (after an untimed warm-up compile). Besides the presets, the
-default configs include two of the kind a design-space sweep visits (small buffers; a
-narrow bus), where the model is further from its calibration.
+default configs include four of the kind a design-space sweep visits (small buffers; a
+narrow bus; rectangular GEMM cores), where the model is further from its calibration.
 """
 from __future__ import annotations
 
@@ -29,11 +29,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tables import table  # noqa: E402  (a sibling module)
 
 #: Configs a sweep visits beside the presets: the pynq core with a quarter of its input
-#: and weight buffers, and with a 4-byte bus.
+#: and weight buffers, with a 4-byte bus, and rectangular (its GEMM reading twice or half
+#: the channels it stores: sub-block DMAs the cost model prices as whole rows).
 SWEEP_LIKE = {
     "pynq-small-buffers": PRESETS["pynq"].replace(name="pynq-small-buffers", inp_depth=512,
                                                   wgt_depth=256),
     "pynq-narrow-bus": PRESETS["pynq"].replace(name="pynq-narrow-bus", bus_bytes=4),
+    "pynq-16x8": PRESETS["pynq"].replace(name="pynq-16x8", block_out=8),
+    "pynq-8x16": PRESETS["pynq"].replace(name="pynq-8x16", block_in=8),
 }
 
 

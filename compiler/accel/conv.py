@@ -122,12 +122,12 @@ class ConvTensorizer:
         self.wpacked, _ = pack_conv_weights(self.conv.weight, self.conv.groups, c)
         blocks = (WeightBlocks.of(self.wpacked) if skip_zero_blocks
                   else WeightBlocks.dense(self.wpacked.shape[:4]))
-        self.g = ConvGeom.of(self.conv, inp.layout.shape, c, blocks)
         if inp.layout.block % c.block_in:
             raise CompileError(f"{self.where}: input {inp.name!r} is packed in blocks of "
                                f"{inp.layout.block} channels but the GEMM reads {c.block_in}",
                                op=op.name)
         self.in_l = inp.layout.view(c.block_in)
+        self.g = ConvGeom.of(self.conv, inp.layout.shape, c, blocks, self.in_l.pixel_stride)
         self.ep = conv_epilogue(self.conv, self.g.o, c, self.where)
         self.hazard = timing.gemm_hazard_distance()
         self.pool, self.fused = getattr(op, "pool", None), None   # :mod:`.poolfuse`

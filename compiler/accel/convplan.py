@@ -97,12 +97,17 @@ class ConvGeom:
     OB: int
     gb: GroupBlocks
     blocks: WeightBlocks
+    #: DMA elements between a pixel's input block and the next pixel's: above 1 where a
+    #: rectangular core's GEMM reads sub-blocks (:attr:`~.layout.ActLayout.pixel_stride`).
+    #: (Sub-block stores are priced as whole rows: on the simulator that estimate was the
+    #: closer one, docs/benchmarks.md.)
+    in_stride: int = 1
 
     @classmethod
     def of(cls, op: Conv2d, in_shape: tuple[int, int, int, int], config: HwConfig,
-           blocks: WeightBlocks | None = None) -> "ConvGeom":
+           blocks: WeightBlocks | None = None, in_stride: int = 1) -> "ConvGeom":
         """The geometry of ``op`` on ``config``; ``blocks``: its non-zero weight blocks
-        (default every block, i.e. the layer runs densely)."""
+        (default every block, i.e. the layer runs densely); ``in_stride``: the field's."""
         n, c, h, w = in_shape
         _, o, oh, ow = op.output_shape(in_shape)
         kh, kw = op.weight.shape[2:]
@@ -111,7 +116,8 @@ class ConvGeom:
         if blocks is None:
             blocks = WeightBlocks.dense((OB, gb.J, kh, kw))
         return cls(op.name, n, c, h, w, o, kh, kw, *op.stride, *op.dilation, *op.padding, oh, ow,
-                   ceil_div(n, config.batch), ceil_div(c, config.block_in), OB, gb, blocks)
+                   ceil_div(n, config.batch), ceil_div(c, config.block_in), OB, gb, blocks,
+                   in_stride)
 
     @property
     def J(self) -> int:

@@ -34,6 +34,19 @@ def store_cycles(config: HwConfig, y: int, x: int, stride: int) -> int:
     return dma_cycles(config, Store(y_size=y, x_size=x, x_stride=stride))
 
 
+@lru_cache(maxsize=65536)
+def sub_block_loads(config: HwConfig, mem: MemType, rows: int, cols: int, stride: int,
+                    pads: tuple[int, int, int, int]) -> tuple[int, int]:
+    """``(cycles, DMAs)`` loading a ``rows x cols`` plane of sub-blocks ``stride``
+    elements apart (pads ``(y0, y1, x0, x1)``): a DMA per row, and one per padding band
+    above and below, as :func:`~.emit.plane_dmas` emits them."""
+    y0, y1, x0, x1 = pads
+    width = x0 + cols + x1
+    bands = [load_cycles(config, mem, 0, width, width, (y, 0, 0, 0)) for y in (y0, y1) if y]
+    return (rows * load_cycles(config, mem, cols, 1, stride, (x0, x1, 0, 0)) + sum(bands),
+            rows + len(bands))
+
+
 @lru_cache(maxsize=4096)
 def gemm_op_cycles(ops: int) -> int:
     """Cycles of a GEMM of ``ops`` operations."""
@@ -61,6 +74,9 @@ def input_load_cycles(config: HwConfig, g: ConvGeom, it: InTile) -> tuple[float,
     and :func:`~.emit.plane_dmas` loads them as one DMA (a row per plane)."""
     planes = (it.nb1 - it.nb0) * (it.c1 - it.c0)
     rows, cols = it.rows - it.pads[0] - it.pads[1], it.cols - it.pads[2] - it.pads[3]
+    if g.in_stride > 1:
+        cycles, dmas = sub_block_loads(config, MemType.INP, rows, cols, g.in_stride, it.pads)
+        return planes * cycles, planes * dmas
     if (g.NB > 1 and g.h == g.w == 1 and planes > 1 and not any(it.pads)
             and (it.c1 - it.c0 == g.CB or it.nb1 - it.nb0 == 1)):
         return load_cycles(config, MemType.INP, planes, 1, 1, (0, 0, 0, 0)), 1

@@ -151,3 +151,17 @@ def test_an_input_stored_as_in_its_model():
     np.testing.assert_array_equal(stored["y"], native["y"])
     assert in_model.tensors["x"].layout.block == 8 and alone.tensors["x"].layout.block == 4
     assert _strided(in_model, Load, MemType.INP) and not _strided(alone, Load, MemType.INP)
+
+
+@pytest.mark.parametrize("pads", [(0, 0, 0, 0), (1, 0, 1, 1), (2, 1, 0, 3)])
+def test_the_cost_model_prices_sub_block_loads_as_emitted(pads):
+    """The tiling cost model's sub-block input load (convsteps.sub_block_loads): the
+    cycles and DMA count of the instructions plane_dmas emits for that plane."""
+    from tessera.compiler.accel.convsteps import sub_block_loads
+    from tessera.compiler.accel.emit import Emitter, dma_cycles, plane_dmas
+    max_dma = Emitter(WIDE_OUT).max_dma
+    dmas = plane_dmas(Load, mem=MemType.INP, sram_base=0, dram_base=40, planes=[(0, 7)],
+                      rows=5, cols=6, row_stride=22, pads=pads, pad_value=3, elem_stride=2,
+                      max_fields=max_dma)
+    assert sub_block_loads(WIDE_OUT, MemType.INP, 5, 6, 2, pads) == (
+        sum(dma_cycles(WIDE_OUT, d) for d in dmas), len(dmas))
