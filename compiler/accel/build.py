@@ -239,18 +239,7 @@ def compile_ops(ops: Sequence[Op], input_shapes: Mapping[str, tuple[int, ...]],
     if pack_small_channels:
         ops, input_shapes, input_transforms = pack_small_channel_convs(ops, dict(input_shapes),
                                                                         cfg)
-    shapes = infer_shapes(ops, input_shapes)
-    # Device inputs: the inputs operators read. One whose readers all take its packed form
-    # needs no segment of its own.
-    read = {t for op in ops for t in op.inputs}
-    input_shapes = {k: v for k, v in input_shapes.items() if k in read}
-    produced = {op.output for op in ops}
-    shapes = {k: v for k, v in shapes.items() if k in input_shapes or k in produced}
-    outs = list(outputs) if outputs is not None else [op.output for op in ops
-                                                      if op.output not in read]
-    for name in outs:
-        if name not in shapes:
-            raise CompileError(f"output {name!r} is not a tensor of the program")
+    input_shapes, shapes, outs = _program_tensors(ops, input_shapes, outputs)
     if fuse_pools:
         ops = fuse_conv_pools(ops, shapes, outs, cfg, threads, plans or {})
     em = Emitter(cfg)
@@ -283,6 +272,24 @@ def compile_ops(ops: Sequence[Op], input_shapes: Mapping[str, tuple[int, ...]],
     return CompiledProgram(cfg, program, tensors, user_inputs, outs, used_plans, dram,
                            time.perf_counter() - t0, input_transforms, list(input_shapes),
                            op_bounds)
+
+
+def _program_tensors(ops: Sequence[Op], input_shapes: Mapping[str, tuple[int, ...]],
+                     outputs: Sequence[str] | None) -> tuple[dict, dict, list[str]]:
+    """``(device input shapes, every tensor's shape, outputs)`` of ``ops``: the device
+    inputs are the inputs operators read (one whose readers all take its packed form
+    needs no segment of its own); outputs default to the tensors no operator reads."""
+    shapes = infer_shapes(ops, input_shapes)
+    read = {t for op in ops for t in op.inputs}
+    inputs = {k: v for k, v in input_shapes.items() if k in read}
+    produced = {op.output for op in ops}
+    shapes = {k: v for k, v in shapes.items() if k in inputs or k in produced}
+    outs = list(outputs) if outputs is not None else [op.output for op in ops
+                                                      if op.output not in read]
+    for name in outs:
+        if name not in shapes:
+            raise CompileError(f"output {name!r} is not a tensor of the program")
+    return inputs, shapes, outs
 
 
 def _tensorize_op(em: Emitter, op: Op, tensors: Mapping[str, TensorInfo], *, threads: int,
