@@ -46,10 +46,8 @@ def _describe(r: PointResult, models: list[str]) -> str:
 
 def _share(r: PointResult) -> float:
     """The design's LUT, DSP and BRAM shares of the part, summed (inf if not synthesized)."""
-    if not r.resources or "used" not in r.resources:
-        return float("inf")
-    used, avail = r.resources["used"], r.resources["available"]
-    return sum(used[k] / avail[k] for k in PARETO_RESOURCES)
+    shares = [r.share(k) for k in PARETO_RESOURCES]
+    return float("inf") if None in shares else sum(shares)
 
 
 def compare_with_preset(sweep: Sweep) -> list[str]:

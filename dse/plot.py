@@ -109,13 +109,12 @@ def _x_axes(sweep: Sweep) -> list[tuple[str, Callable[[PointResult], float | Non
         return [("peak MACs per cycle",
                  lambda r: float(r.point.config.peak_macs_per_cycle))]
 
-    def share(res: str) -> Callable[[PointResult], float | None]:
+    def percent(res: str) -> Callable[[PointResult], float | None]:
         def get(r: PointResult) -> float | None:
-            if r.resources is None or "error" in r.resources:
-                return None
-            return 100.0 * r.resources["used"][res] / r.resources["available"][res]
+            share = r.share(res)
+            return None if share is None else 100.0 * share
         return get
-    return [(f"{res} used (% of the part)", share(res)) for res in PARETO_RESOURCES]
+    return [(f"{res} used (% of the part)", percent(res)) for res in PARETO_RESOURCES]
 
 
 def _draw_panel(img: np.ndarray, x0: int, y0: int, sweep: Sweep, model: str,

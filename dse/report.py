@@ -73,9 +73,9 @@ def _resource_cells(r: PointResult) -> list[str]:
         return ["-"] * (len(PARETO_RESOURCES) + 1)
     if "error" in r.resources:
         return ["error"] * (len(PARETO_RESOURCES) + 1)
-    used, avail = r.resources["used"], r.resources["available"]
-    cells = [f"{used[k]:,.1f}".removesuffix(".0") + f" ({used[k] / avail[k]:.0%})"
-             if avail.get(k) else f"{used[k]:,}" for k in PARETO_RESOURCES]
+    used = r.resources["used"]
+    cells = [f"{used[k]:,.1f}".removesuffix(".0") + f" ({r.share(k):.0%})"
+             if r.share(k) is not None else f"{used[k]:,}" for k in PARETO_RESOURCES]
     return cells + ["yes" if r.fits else "NO"]
 
 

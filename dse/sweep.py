@@ -39,6 +39,14 @@ class PointResult:
         found = [self.resources] if self.resources else []
         return [r["error"] for r in [*found, *self.models.values()] if "error" in r]
 
+    def share(self, resource: str) -> float | None:
+        """The fraction of the part's ``resource`` (``"LUT"``...) the design uses; ``None``
+        when not synthesized (or failed) or the part's capacity is unknown."""
+        if self.resources is None or "error" in self.resources:
+            return None
+        available = self.resources["available"].get(resource)
+        return self.resources["used"][resource] / available if available else None
+
     def objectives(self, models: Sequence[str]) -> tuple[float, ...] | None:
         """What the Pareto set minimises: each model's projected latency, then the used
         LUTs, DSPs and BRAMs (when synthesized); ``None`` for a point without all of them

@@ -14,7 +14,7 @@ from tessera.isa import ALU_OPS, Alu, Gemm, Load, MemType, Store
 
 from .convplan import ConvGeom, ConvPlan, InTile, Tile, buffer_slots, input_tile, tile_replicas
 from .convweights import step_weights
-from .emit import dma_cycles
+from .emit import dma_cycles, dma_field_limits, plane_dmas
 from .epilogue import EpiloguePlan
 from .layout import ceil_div
 
@@ -35,16 +35,15 @@ def store_cycles(config: HwConfig, y: int, x: int, stride: int) -> int:
 
 
 @lru_cache(maxsize=65536)
-def sub_block_loads(config: HwConfig, mem: MemType, rows: int, cols: int, stride: int,
-                    pads: tuple[int, int, int, int]) -> tuple[int, int]:
+def sub_block_loads(config: HwConfig, mem: MemType, rows: int, cols: int, row_stride: int,
+                    stride: int, pads: tuple[int, int, int, int]) -> tuple[int, int]:
     """``(cycles, DMAs)`` loading a ``rows x cols`` plane of sub-blocks ``stride``
-    elements apart (pads ``(y0, y1, x0, x1)``): a DMA per row, and one per padding band
-    above and below, as :func:`~.emit.plane_dmas` emits them."""
-    y0, y1, x0, x1 = pads
-    width = x0 + cols + x1
-    bands = [load_cycles(config, mem, 0, width, width, (y, 0, 0, 0)) for y in (y0, y1) if y]
-    return (rows * load_cycles(config, mem, cols, 1, stride, (x0, x1, 0, 0)) + sum(bands),
-            rows + len(bands))
+    elements apart (pads ``(y0, y1, x0, x1)``): the DMAs :func:`~.emit.plane_dmas` emits
+    for it (a DMA per row, and one per padding band above and below)."""
+    dmas = plane_dmas(Load, mem=mem, sram_base=0, dram_base=0, planes=[(0, 0)], rows=rows,
+                      cols=cols, row_stride=row_stride, pads=pads, elem_stride=stride,
+                      max_fields=dma_field_limits(config))
+    return sum(dma_cycles(config, d) for d in dmas), len(dmas)
 
 
 @lru_cache(maxsize=4096)
@@ -75,7 +74,8 @@ def input_load_cycles(config: HwConfig, g: ConvGeom, it: InTile) -> tuple[float,
     planes = (it.nb1 - it.nb0) * (it.c1 - it.c0)
     rows, cols = it.rows - it.pads[0] - it.pads[1], it.cols - it.pads[2] - it.pads[3]
     if g.in_stride > 1:
-        cycles, dmas = sub_block_loads(config, MemType.INP, rows, cols, g.in_stride, it.pads)
+        cycles, dmas = sub_block_loads(config, MemType.INP, rows, cols,
+                                       g.w * g.row_step * g.in_stride, g.in_stride, it.pads)
         return planes * cycles, planes * dmas
     if (g.NB > 1 and g.h == g.w == 1 and planes > 1 and not any(it.pads)
             and (it.c1 - it.c0 == g.CB or it.nb1 - it.nb0 == 1)):

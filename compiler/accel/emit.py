@@ -47,8 +47,7 @@ class Emitter:
         #: many were loaded (the next goes into slot ``count mod slots``).
         self._tables: dict[bytes, int] = {}
         self._tables_loaded = 0
-        lay = self.isa.layouts[Opcode.LOAD]
-        self.max_dma = {f: lay.field(f).hi for f in ("y_size", "x_size", "x_stride", "y_pad_0")}
+        self.max_dma = dma_field_limits(config)
 
     # ----------------------------------------------------------- segments
     def add_segment(self, name: str, data: np.ndarray | int) -> str:
@@ -194,6 +193,12 @@ def dma_cycles(config: HwConfig, insn: Load | Store) -> int:
     if cost.data_cycles:
         cycles += config.dram_latency + cost.data_cycles
     return cycles
+
+
+def dma_field_limits(config: HwConfig) -> dict[str, int]:
+    """The largest value of each DMA field a plane's DMAs are limited by (the ISA's)."""
+    lay = get_isa(config).layouts[Opcode.LOAD]
+    return {f: lay.field(f).hi for f in ("y_size", "x_size", "x_stride", "y_pad_0")}
 
 
 def plane_dmas(kind: type, *, mem: MemType, sram_base: int, dram_base: int,

@@ -153,15 +153,20 @@ def test_an_input_stored_as_in_its_model():
     assert _strided(in_model, Load, MemType.INP) and not _strided(alone, Load, MemType.INP)
 
 
-@pytest.mark.parametrize("pads", [(0, 0, 0, 0), (1, 0, 1, 1), (2, 1, 0, 3)])
-def test_the_cost_model_prices_sub_block_loads_as_emitted(pads):
-    """The tiling cost model's sub-block input load (convsteps.sub_block_loads): the
-    cycles and DMA count of the instructions plane_dmas emits for that plane."""
-    from tessera.compiler.accel.convsteps import sub_block_loads
-    from tessera.compiler.accel.emit import Emitter, dma_cycles, plane_dmas
-    max_dma = Emitter(WIDE_OUT).max_dma
-    dmas = plane_dmas(Load, mem=MemType.INP, sram_base=0, dram_base=40, planes=[(0, 7)],
-                      rows=5, cols=6, row_stride=22, pads=pads, pad_value=3, elem_stride=2,
-                      max_fields=max_dma)
-    assert sub_block_loads(WIDE_OUT, MemType.INP, 5, 6, 2, pads) == (
-        sum(dma_cycles(WIDE_OUT, d) for d in dmas), len(dmas))
+@pytest.mark.parametrize("pads", [0, 1, 2])
+def test_the_cost_model_prices_a_sub_block_input_tile_row_by_row(pads):
+    """The tiling cost model (convsteps.input_load_cycles) prices a GEMM input read as
+    sub-blocks as a DMA per tile row plus the padding bands, as it is emitted, not as one
+    DMA per plane."""
+    from tessera.compiler.accel.convplan import ConvGeom, Tile, input_tile
+    from tessera.compiler.accel.convsteps import input_load_cycles
+    conv = Conv2d("c", "x", "y", np.ones((8, 8, 3, 3), np.int8), padding=pads)
+    shape = (1, 8, 9, 7)
+    whole, sub = (ConvGeom.of(conv, shape, WIDE_OUT, in_stride=s) for s in (1, 2))
+    tile = Tile(0, 1, 0, 1, 0, sub.oh, 0, sub.ow)
+    it = input_tile(sub, tile, 0, sub.J)
+    (c1, n1), (c2, n2) = (input_load_cycles(WIDE_OUT, g, it) for g in (whole, sub))
+    planes = it.c1 - it.c0
+    rows = it.rows - it.pads[0] - it.pads[1]
+    assert n1 == planes and n2 == planes * (rows + (it.pads[0] > 0) + (it.pads[1] > 0))
+    assert c2 > c1

@@ -57,3 +57,17 @@ def test_compile_model_reports_its_tuning_and_refuses_an_unknown_tuner():
         tessera.compile(model, "pynq", calibration=zoo.calibration_data(model, 2),
                         tune="fast")
     assert "--tune sim" in info.value.describe(CLI)
+
+
+def test_the_interfaces_state_the_margin_the_tuner_uses():
+    """``--tune``'s help and ``tessera.compile``'s docstring say the margin; the core
+    cannot import the compiler, so they restate :data:`MARGIN` and this keeps them true."""
+    import argparse
+
+    import tessera
+    from tessera.cli_output import tune_arg
+    from tessera.compiler.accel.simtune import MARGIN
+    p = argparse.ArgumentParser()
+    tune_arg(p)
+    said = f"{MARGIN:.0%}"
+    assert said in p.format_help() and said in " ".join(tessera.compile.__doc__.split())
