@@ -46,7 +46,7 @@ from tessera.modelfile import ModelFile
 from .accel.build import CompiledProgram, compile_ops
 from .accel.simtune import SimTuner
 from .cpu.lower import CpuStep
-from .cpu.objects import read_cpu_objects, write_cpu_objects
+from .cpu.objects import read_cpu_objects, read_kernel_texts, write_cpu_objects, write_kernel_texts
 from .accel.ops import Concat, Conv2d, ConvTranspose2d, Dense, Op, Pool2d, Residual
 from .accel.roofline import op_roofline
 
@@ -169,9 +169,7 @@ class CompiledModel:
                 d = step.to_dict()
                 d["kind"] = "cpu"
                 if step.kernel is not None:
-                    # The IR is a text section of its own, not a string in the manifest.
-                    mf.texts[f"kernel.{k}"] = step.kernel.ir
-                    d["kernel"] = {**d["kernel"], "ir": None}
+                    d["kernel"] = write_kernel_texts(step.kernel, mf, k)
                 for name, value in step.constants.items():
                     mf.blobs[f"const.{k}.{name}"] = np.ascontiguousarray(value)
                 steps.append(d)
@@ -217,7 +215,7 @@ class CompiledModel:
                     consts = {n[len(prefix):]: mf.array(n) for n in mf.blobs
                               if n.startswith(prefix)}
                     if d.get("kernel") is not None:
-                        d = {**d, "kernel": {**d["kernel"], "ir": mf.text(f"kernel.{k}")}}
+                        d = {**d, "kernel": read_kernel_texts(d["kernel"], mf, k)}
                     steps.append(CpuStep.from_dict(d, consts))
             read_cpu_objects(steps, mf, source)
             return cls(mf.config, [TensorSig.from_dict(t) for t in m["inputs"]],
@@ -510,6 +508,7 @@ def _compile_steps(graph, placements, config: HwConfig, report: Progress,
     """The steps of a placed graph: a program per accelerator segment, CPU kernels for the
     other nodes, in graph order."""
     from .cpu.lower import lower_node_to_cpu
+    from .cpu.sparse_layout import board_vector_bits
     from .placement.partition import segments
     runs = segments(graph, placements)
     target = {p.node: p.target for p in placements}
@@ -527,7 +526,7 @@ def _compile_steps(graph, placements, config: HwConfig, report: Progress,
     for node in graph.nodes:
         if target[node.name] != "accelerator":
             if node.name not in cache.cpu:
-                cache.cpu[node.name] = lower_node_to_cpu(graph, node)
+                cache.cpu[node.name] = lower_node_to_cpu(graph, node, board_vector_bits(config))
             steps.extend(cache.cpu[node.name])
             continue
         k = run_of[node.name]

@@ -70,7 +70,8 @@ def prebuild(compiled: "CompiledModel", targets: Sequence[str | CpuTarget] = DEF
             if have is not None and target.name in have.code:
                 continue
             t0 = time.perf_counter()
-            code[target.name] = jit.object_for(module_ir(kernel, target.abi), target)
+            ir = module_ir(kernel, target.abi, vector_bits=target.vector_bits)
+            code[target.name] = jit.object_for(ir, target)
             seconds[target.name] = seconds.get(target.name, 0.0) + time.perf_counter() - t0
         if code:
             attach_cpu_objects(kernel, CpuObjects({t.name: t.to_dict() for t in resolved

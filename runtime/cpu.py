@@ -15,7 +15,7 @@ import numpy as np
 
 from tessera.compiler.cpu.kernel import CpuKernel, TensorSpec
 from tessera.errors import CpuKernelError
-from tessera.runtime.jit import JitModule, get_jit
+from tessera.runtime.jit import JitModule, get_jit, host_target
 
 from . import cpu_abi as abi
 from .aot import prebuilt_module
@@ -229,7 +229,8 @@ def load_kernel(kernel: CpuKernel) -> LoadedKernel:
     module = prebuilt_module(kernel)
     if module is None:
         module = get_jit().compile(abi.module_ir(kernel, fast=abi.FAST_CALL,
-                                                 checked=abi.NATIVE_CHECKS))
+                                                 checked=abi.NATIVE_CHECKS,
+                                                 vector_bits=host_target().vector_bits))
     return _bind(kernel, module, auto_threads(kernel, cpu_threads()))
 
 

@@ -490,13 +490,14 @@ def module_functions(kernel: CpuKernel, *, fast: bool = True,
 
 
 def module_ir(kernel: CpuKernel, layout: Abi = NATIVE, *, fast: bool = True,
-              checked: bool = True) -> str:
-    """The module compiled for ``kernel``: its IR, its parallel dispatcher (if it has a
-    parallel form) and, with ``fast``, the Python-call wrappers (the checked one with
+              checked: bool = True, vector_bits: int | None = None) -> str:
+    """The module compiled for ``kernel``: its IR (the variant for ``vector_bits``-wide
+    vectors if it has one, :meth:`CpuKernel.ir_for`), its parallel dispatcher (if it has
+    a parallel form) and, with ``fast``, the Python-call wrappers (the checked one with
     ``checked``), laid out for ``layout``. Objects compiled ahead of time have them all:
     the host loading one picks what it can use."""
     n_args = len(kernel.inputs) + len(kernel.outputs)
-    parts = [kernel.ir]
+    parts = [kernel.ir if vector_bits is None else kernel.ir_for(vector_bits)]
     if kernel.parallel:
         parts.append(parallel_ir(kernel, n_args, layout))
     if fast:

@@ -34,9 +34,10 @@ from typing import Any, Mapping
 import llvmlite
 import llvmlite.binding as llvm
 
-from tessera.boards import BOARDS, Board
+from tessera.boards import BOARD_CPUS, BOARDS, Board
 from tessera.cache import cache_dir
 from tessera.compiler.cpu.sparse_dots import specialize_for_host
+from tessera.compiler.cpu.sparse_layout import vector_bits_of
 from tessera.config import HwConfig
 from tessera.errors import CLI, PYTHON, CpuKernelError
 
@@ -85,13 +86,6 @@ ELF_MACHINES = {"x86_64": 62, "arm": 40, "aarch64": 183}
 X86_64_V3 = ("avx", "avx2", "bmi", "bmi2", "cmov", "cx16", "cx8", "f16c", "fma", "fxsr",
              "lzcnt", "mmx", "movbe", "popcnt", "sahf", "sse", "sse2", "sse3", "sse4.1",
              "sse4.2", "ssse3", "xsave")
-#: The boards' CPUs by ``ProcessingSystem.arch`` (the board's ``platform.machine()``):
-#: triple and features; the CPU is the board's host model name (``Board.host``), which
-#: is LLVM's name for it. Zynq-7000: Cortex-A9, ARMv7-A with NEON and VFPv3, hard-float
-#: Linux (PYNQ's images are armhf); Zynq UltraScale+: Cortex-A53, AArch64.
-BOARD_CPUS = {"armv7l": ("armv7-unknown-linux-gnueabihf", "+neon,+vfp3", ("neon",)),
-              "aarch64": ("aarch64-unknown-linux-gnu", "+neon", ("neon",))}
-
 
 def arch_family(triple: str) -> str:
     """The architecture family of ``triple`` as objects are interchangeable within it:
@@ -134,6 +128,12 @@ class CpuTarget:
     requires: tuple[str, ...] = ()
     abi: Abi = NATIVE
     host_ir: bool = False
+
+    @property
+    def vector_bits(self) -> int:
+        """Width of its widest vector registers: the IR variant of a kernel its objects
+        are compiled from (:meth:`CpuKernel.ir_for`)."""
+        return vector_bits_of(set(self.requires) | enabled_features(self.features))
 
     def runs_here(self) -> bool:
         """Whether this process can load and run objects built for this target: same

@@ -22,8 +22,8 @@ from .config import HwConfig
 from .errors import ConfigError
 from .regmap import axi_ports
 
-__all__ = ["BOARDS", "CLOCK_TOLERANCE", "Board", "PlClock", "Pll", "ProcessingSystem", "PsPort",
-           "Window", "get_board"]
+__all__ = ["BOARD_CPUS", "BOARDS", "CLOCK_TOLERANCE", "Board", "PlClock", "Pll",
+           "ProcessingSystem", "PsPort", "Window", "get_board"]
 
 #: The AXI4-Lite register window of our IP on every board. Vivado assigns an AXI-Lite
 #: slave at least 4 KiB; its "assign all" gives 64 KiB to IP on these PS masters (as in
@@ -31,6 +31,14 @@ __all__ = ["BOARDS", "CLOCK_TOLERANCE", "Board", "PlClock", "Pll", "ProcessingSy
 #: maps the window as a whole, so its size costs nothing. The registers use the
 #: first 256 bytes (``tessera.regmap.CTRL_ADDR_BITS``); the rest aliases them.
 REGISTER_RANGE = 64 * 1024
+
+#: The boards' CPUs by ``ProcessingSystem.arch`` (the board's ``platform.machine()``):
+#: triple and features; the CPU is the board's host model name (``Board.host``), which
+#: is LLVM's name for it. Zynq-7000: Cortex-A9, ARMv7-A with NEON and VFPv3, hard-float
+#: Linux (PYNQ's images are armhf); Zynq UltraScale+: Cortex-A53, AArch64. The third
+#: entry: the features a CPU must have to run objects built for it (LLVM names).
+BOARD_CPUS = {"armv7l": ("armv7-unknown-linux-gnueabihf", "+neon,+vfp3", ("neon",)),
+              "aarch64": ("aarch64-unknown-linux-gnu", "+neon", ("neon",))}
 
 #: How far the PS's PL clock may miss a config's clock (relative) before the board flow
 #: adds a Clocking Wizard that makes the config's clock exactly.

@@ -93,7 +93,10 @@ class CpuKernel:
     """One CPU kernel: LLVM IR (text) whose function `entry` takes one pointer per input,
     then one per output (contiguous C-order buffers, noalias), and returns void.
     ``parallel`` > 0 says the IR also defines ``<entry>.range`` over an outer loop of
-    that extent (see the module docstring); 0 means serial only."""
+    that extent (see the module docstring); 0 means serial only. ``variants``: the same
+    kernel's IR tiled for other vector widths, ``(bits, ir)`` pairs (a board's 128-bit
+    NEON, when ``ir`` was built for this host's AVX-512): what :meth:`ir_for` gives the
+    objects and JIT of a CPU with that width."""
 
     name: str
     ir: str
@@ -101,6 +104,7 @@ class CpuKernel:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     parallel: int = 0
+    variants: tuple[tuple[int, str], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(self.inputs))
@@ -108,6 +112,11 @@ class CpuKernel:
         if not isinstance(self.parallel, int) or self.parallel < 0:
             raise CpuKernelError(f"{self.name}: parallel extent must be an int >= 0, "
                                  f"not {self.parallel!r}")
+
+    def ir_for(self, vector_bits: int) -> str:
+        """The IR to compile for a CPU with ``vector_bits``-wide vectors: its variant, if
+        the kernel has one (its tiles fit that CPU's registers), else :attr:`ir`."""
+        return dict(self.variants).get(vector_bits, self.ir)
 
     @property
     def range_entry(self) -> str:
@@ -123,6 +132,8 @@ class CpuKernel:
             "inputs": [s.to_dict() for s in self.inputs],
             "outputs": [s.to_dict() for s in self.outputs],
             "parallel": self.parallel,
+            **({"variants": {str(bits): ir for bits, ir in self.variants}}
+               if self.variants else {}),
         }
 
     @classmethod
@@ -136,8 +147,9 @@ class CpuKernel:
                 outputs=tuple(TensorSpec.from_dict(s) for s in d["outputs"]),
                 # Records written before the parallel form existed have no such key.
                 parallel=d.get("parallel", 0),
+                variants=tuple((int(bits), ir) for bits, ir in d.get("variants", {}).items()),
             )
-        except (KeyError, TypeError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise CpuKernelError(f"malformed CPU kernel record: {exc!r}") from exc
 
 

@@ -35,7 +35,8 @@ views), :mod:`.lower_onnx` (casts, Q/DQ, softmax, layer norm, reductions, poolin
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Collection
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -54,6 +55,7 @@ from .lower_plan import LowerFn, NodeLowering, Plan, Unsupported
 from .lower_qbinary import QBINARY_LOWERINGS
 from .lower_quantized import QUANTIZED_LOWERINGS
 from .lower_rnn import RNN_LOWERINGS
+from .sparse_layout import building_for_vector_bits, host_vector_bits, noting_width_reads
 
 __all__ = ["CpuStep", "cpu_supported_ops", "cpu_unsupported_reason",
            "lower_node_to_cpu"]
@@ -106,10 +108,26 @@ class CpuStep:
 
 
 # ------------------------------------------------------------------------ public API
-def lower_node_to_cpu(graph: Graph, node: Node) -> list[CpuStep]:
+def lower_node_to_cpu(graph: Graph, node: Node,
+                      vector_bits: Collection[int] = ()) -> list[CpuStep]:
     """CPU steps computing ``node`` exactly as onnxruntime does; raises CompileError (naming
     the node, saying which op/attribute is not supported and what to do) when there is no
-    CPU kernel."""
+    CPU kernel. Kernels tiled by vector width get, for each other width in
+    ``vector_bits`` (a board CPU's), a variant of their IR built for it
+    (:attr:`CpuKernel.variants`: what that CPU's objects are compiled from)."""
+    with noting_width_reads() as reads:
+        steps = _lower(graph, node)
+    if not reads:
+        return steps       # built without asking the width: the same at every width
+    for bits in sorted(set(vector_bits) - {host_vector_bits()}):
+        with building_for_vector_bits(bits):
+            other = _lower(graph, node)
+        if len(other) == len(steps) and all(map(_same_but_ir, steps, other)):
+            steps = [_with_variant(s, o, bits) for s, o in zip(steps, other)]
+    return steps
+
+
+def _lower(graph: Graph, node: Node) -> list[CpuStep]:
     try:
         plans = _plan(graph, node)
     except Unsupported as exc:
@@ -128,6 +146,29 @@ def lower_node_to_cpu(graph: Graph, node: Node) -> list[CpuStep]:
         _check_outputs(graph, node, step)
         steps.append(step)
     return steps
+
+
+def _same_but_ir(a: CpuStep, b: CpuStep) -> bool:
+    """Whether two lowerings of a node differ at most in their kernels' IR: a variant
+    must take the same arguments and constants (a layout packed for another width does
+    not) and have the same parallel form."""
+    if (a.name, a.inputs, a.outputs, a.shape) != (b.name, b.inputs, b.outputs, b.shape):
+        return False
+    if (a.kernel is None) != (b.kernel is None) or a.constants.keys() != b.constants.keys():
+        return False
+    if a.kernel is not None and \
+            replace(a.kernel, ir="", variants=()) != replace(b.kernel, ir="", variants=()):
+        return False
+    return all(np.array_equal(a.constants[n], b.constants[n]) for n in a.constants)
+
+
+def _with_variant(step: CpuStep, other: CpuStep, bits: int) -> CpuStep:
+    """``step`` whose kernel also has ``other``'s IR as its ``bits`` variant (when it
+    differs)."""
+    if step.kernel is None or other.kernel.ir == step.kernel.ir:
+        return step
+    kernel = replace(step.kernel, variants=(*step.kernel.variants, (bits, other.kernel.ir)))
+    return replace(step, kernel=kernel)
 
 
 def cpu_unsupported_reason(graph: Graph, node: Node) -> str | None:

@@ -68,6 +68,23 @@ def _object_section(kernel_id: str, target: str) -> str:
     return f"cpuobj.{kernel_id}.{target}"
 
 
+def write_kernel_texts(kernel: CpuKernel, mf: ModelFile, k: int) -> dict:
+    """Put step ``k``'s kernel IR (and its variants') into text sections of ``mf`` (not
+    strings in the manifest); returns the kernel's manifest record."""
+    mf.texts[f"kernel.{k}"] = kernel.ir
+    for bits, ir in kernel.variants:
+        mf.texts[f"kernel.{k}.v{bits}"] = ir
+    return {**kernel.to_dict(), "ir": None,
+            "variants": {str(bits): None for bits, _ in kernel.variants}}
+
+
+def read_kernel_texts(record: dict, mf: ModelFile, k: int) -> dict:
+    """Step ``k``'s kernel ``record`` (as :func:`write_kernel_texts` returned it) with its
+    IR and its variants' read back from their sections."""
+    variants = {bits: mf.text(f"kernel.{k}.v{bits}") for bits in record.get("variants", {})}
+    return {**record, "ir": mf.text(f"kernel.{k}"), "variants": variants}
+
+
 def write_cpu_objects(steps: Sequence, mf: ModelFile) -> dict[str, dict]:
     """Add the objects attached to the steps' kernels to ``mf`` (once per distinct
     kernel); return the records of their targets."""
