@@ -72,10 +72,12 @@ def write_kernel_texts(kernel: CpuKernel, mf: ModelFile, k: int) -> dict:
     """Put step ``k``'s kernel IR (and its variants') into text sections of ``mf`` (not
     strings in the manifest); returns the kernel's manifest record."""
     mf.texts[f"kernel.{k}"] = kernel.ir
-    for bits, ir in kernel.variants:
-        mf.texts[f"kernel.{k}.v{bits}"] = ir
-    return {**kernel.to_dict(), "ir": None,
-            "variants": {str(bits): None for bits, _ in kernel.variants}}
+    record = {**kernel.to_dict(), "ir": None}
+    if kernel.variants:     # (a kernel without keeps the record it always had)
+        record["variants"] = {str(bits): None for bits, _ in kernel.variants}
+        for bits, ir in kernel.variants:
+            mf.texts[f"kernel.{k}.v{bits}"] = ir
+    return record
 
 
 def read_kernel_texts(record: dict, mf: ModelFile, k: int) -> dict:
