@@ -19,7 +19,7 @@ import llvmlite.ir as ir
 
 from . import irutil as U
 from .irutil import F32
-from .sparse_layout import host_vector_bits
+from .sparse_layout import VECTOR_WIDTHS, host_vector_bits
 
 __all__ = ["DEPTH_BLOCK", "PACKED_MIN_MACS", "Pack", "PackedGemm", "declare",
            "emit_packed_gemm", "strided_pack"]
@@ -29,6 +29,7 @@ __all__ = ["DEPTH_BLOCK", "PACKED_MIN_MACS", "Pack", "PackedGemm", "declare",
 #: broadcast, vectors of Q). AVX-512: 6 x 4 = 24 accumulators, 4 Q vectors and a
 #: broadcast in its 32 registers (BLIS's shape); AVX2 and 128-bit NEON have 16.
 _TILES = {512: (6, 4), 256: (6, 2), 128: (4, 2)}
+assert set(_TILES) == set(VECTOR_WIDTHS), "a register tile per vector width"
 #: Values of k packed at a time: a panel block of up to 1024 x 64 floats (256 KiB) stays
 #: in L2. Each block is one more pass over P, so blocks are few: on the Zen 5 dev host
 #: 64x768 @ 768x3072 ran at 90 GFLOP/s in one block, 35 in blocks of 256 and 19 in

@@ -62,9 +62,10 @@ from tessera.config import HwConfig
 from tessera.errors import CpuKernelError
 from tessera.sparsity import nm_groups
 
-__all__ = ["L1_BUDGET", "NMLayout", "ROW_BLOCK", "TILE_VECTORS", "board_vector_bits",
-           "building_for_vector_bits", "host_byte_dots", "host_vector_bits", "nm_layout",
-           "nm_slots", "noting_width_reads", "vector_bits_of", "vector_lanes"]
+__all__ = ["L1_BUDGET", "NMLayout", "ROW_BLOCK", "TILE_VECTORS", "VECTOR_WIDTHS",
+           "board_vector_bits", "building_for_vector_bits", "host_byte_dots",
+           "host_vector_bits", "nm_layout", "nm_slots", "noting_width_reads",
+           "vector_bits_of", "vector_lanes"]
 
 #: Vectors of columns one output row accumulates at a time (the register tile), by
 #: slots per value word (float32 1, int8 pairs 2, int8 byte dot products 4). With
@@ -102,6 +103,10 @@ _BUILD_VECTOR_BITS: ContextVar[int | None] = ContextVar("tessera_build_vector_bi
                                                         default=None)
 #: Where :func:`host_vector_bits` notes that it was read (:func:`noting_width_reads`).
 _WIDTH_READS: ContextVar[list | None] = ContextVar("tessera_width_reads", default=None)
+
+
+#: The vector widths kernels are tiled for (:data:`.packed_gemm._TILES` has a tile each).
+VECTOR_WIDTHS = (128, 256, 512)
 
 
 def vector_bits_of(features: Collection[str]) -> int:
@@ -154,8 +159,8 @@ def building_for_vector_bits(bits: int) -> Iterator[None]:
     """Kernels built inside the block are tiled for ``bits``-wide vectors (a board's
     128-bit NEON, say) instead of this host's: the IR of the objects compiled for that
     CPU (:attr:`CpuKernel.variants`)."""
-    if bits not in (128, 256, 512):
-        raise CpuKernelError(f"vector width {bits} bits is not one of 128, 256, 512")
+    if bits not in VECTOR_WIDTHS:
+        raise CpuKernelError(f"vector width {bits} bits is not one of {VECTOR_WIDTHS}")
     token = _BUILD_VECTOR_BITS.set(bits)
     try:
         yield

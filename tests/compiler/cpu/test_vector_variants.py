@@ -15,16 +15,15 @@ from onnx import TensorProto, helper, numpy_helper
 from tessera.boards import BOARD_CPUS
 from tessera.compiler.cpu.kernel import CpuKernel
 from tessera.compiler.cpu.lower import lower_node_to_cpu
-from tessera.compiler.cpu.sparse_layout import (board_vector_bits, building_for_vector_bits,
-                                                host_vector_bits, vector_bits_of)
+from tessera.compiler.cpu.sparse_layout import (VECTOR_WIDTHS, board_vector_bits,
+                                                building_for_vector_bits, host_vector_bits,
+                                                vector_bits_of)
 from tessera.compiler.frontend.onnx_import import import_onnx
 from tessera.config import PRESETS
 from tessera.errors import CpuKernelError
 from tessera.runtime import aot
 from tessera.runtime.cpu import load_kernel, run_cpu_steps
 from tessera.runtime.jit import Jit, cpu_target, host_target
-
-OTHER_WIDTHS = (128, 256, 512)
 
 
 def _matmul_graph(m=64, k=256, n=512):
@@ -50,9 +49,9 @@ def test_a_packed_gemm_gets_a_variant_per_other_width_and_each_computes_the_matm
     model, x = _matmul_graph()
     want = ort.InferenceSession(model.SerializeToString(),
                                 providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    graph, steps = _lowered(model, OTHER_WIDTHS)
+    graph, steps = _lowered(model, VECTOR_WIDTHS)
     kernel = next(s.kernel for s in steps if s.kernel is not None)
-    assert {b for b, _ in kernel.variants} == set(OTHER_WIDTHS) - {host_vector_bits()}
+    assert {b for b, _ in kernel.variants} == set(VECTOR_WIDTHS) - {host_vector_bits()}
     assert len({kernel.ir, *(ir for _, ir in kernel.variants)}) == 1 + len(kernel.variants)
     for bits, ir in ((host_vector_bits(), kernel.ir), *kernel.variants):
         assert kernel.ir_for(bits) == ir
@@ -66,7 +65,7 @@ def test_a_packed_gemm_gets_a_variant_per_other_width_and_each_computes_the_matm
 
 def test_kernels_whose_ir_does_not_depend_on_the_width_get_no_variant():
     model, x = _matmul_graph(m=1, k=16, n=8)      # a small matmul: no packed tiles
-    _, steps = _lowered(model, OTHER_WIDTHS)
+    _, steps = _lowered(model, VECTOR_WIDTHS)
     assert all(s.kernel.variants == () for s in steps if s.kernel is not None)
 
 
@@ -82,12 +81,12 @@ def test_a_lowering_whose_constants_depend_on_the_width_gets_no_variant(monkeypa
         return [replace(s, constants={"packed": np.full(4, host_vector_bits())})
                 for s in steps]
     monkeypatch.setattr(lower, "_lower", packed_by_width)
-    _, steps = _lowered(model, OTHER_WIDTHS)
+    _, steps = _lowered(model, VECTOR_WIDTHS)
     assert all(s.kernel.variants == () for s in steps if s.kernel is not None)
 
 
 def test_variants_survive_the_kernel_record():
-    _, steps = _lowered(_matmul_graph()[0], OTHER_WIDTHS)
+    _, steps = _lowered(_matmul_graph()[0], VECTOR_WIDTHS)
     kernel = next(s.kernel for s in steps if s.kernel is not None)
     assert kernel.variants
     assert CpuKernel.from_dict(kernel.to_dict()) == kernel
@@ -111,7 +110,7 @@ def test_the_boards_cpus_are_128_bit_and_the_compile_builds_their_variant():
 
 
 def test_prebuild_compiles_each_target_from_its_widths_ir(monkeypatch, tmp_path):
-    _, steps = _lowered(_matmul_graph()[0], OTHER_WIDTHS)
+    _, steps = _lowered(_matmul_graph()[0], VECTOR_WIDTHS)
     kernel = next(s.kernel for s in steps if s.kernel is not None)
     seen = {}
     jit = Jit(tmp_path)
@@ -131,7 +130,7 @@ def test_prebuild_compiles_each_target_from_its_widths_ir(monkeypatch, tmp_path)
 
 
 def test_the_jit_on_this_host_compiles_its_own_widths_ir(monkeypatch):
-    _, steps = _lowered(_matmul_graph()[0], OTHER_WIDTHS)
+    _, steps = _lowered(_matmul_graph()[0], VECTOR_WIDTHS)
     kernel = next(s.kernel for s in steps if s.kernel is not None)
     # A model compiled on another host: its main IR is for 128 bits, ours is a variant.
     foreign = replace(kernel, ir=kernel.ir_for(128),
@@ -166,13 +165,13 @@ def test_only_lowerings_that_read_the_width_are_repeated(monkeypatch):
     real = lower._lower
     monkeypatch.setattr(lower, "_lower", lambda g, n: calls.append(n.name) or real(g, n))
     model, _ = _matmul_graph()
-    _lowered(model, OTHER_WIDTHS)
-    assert len(calls) == 1 + len(set(OTHER_WIDTHS) - {host_vector_bits()})
+    _lowered(model, VECTOR_WIDTHS)
+    assert len(calls) == 1 + len(set(VECTOR_WIDTHS) - {host_vector_bits()})
     calls.clear()
     add = helper.make_model(helper.make_graph(
         [helper.make_node("Add", ["x", "x"], ["y"], name="add")], "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 1024])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 1024])]),
         opset_imports=[helper.make_opsetid("", 17)])
-    _lowered(add, OTHER_WIDTHS)
+    _lowered(add, VECTOR_WIDTHS)
     assert calls == ["add"]
