@@ -35,7 +35,8 @@ import numpy as np
 from tessera.compiler.cpu import (TensorSpec, build_conv_float, build_conv_int8, build_gemm,
                                   build_matmul_int8)
 from tessera.compiler.cpu.sparse import build_conv_nm, build_matmul_nm
-from tessera.compiler.cpu.sparse_layout import host_byte_dots, host_vector_bits, nm_layout
+from tessera.compiler.cpu.sparse_layout import host_byte_dots, nm_layout
+from tessera.compiler.cpu.vector_width import host_vector_bits
 from tessera.compiler.cpu.sparse_lower import nm_matmul_kernel
 from tessera.runtime.cpu import load_kernel
 

@@ -508,7 +508,7 @@ def _compile_steps(graph, placements, config: HwConfig, report: Progress,
     """The steps of a placed graph: a program per accelerator segment, CPU kernels for the
     other nodes, in graph order."""
     from .cpu.lower import lower_node_to_cpu
-    from .cpu.sparse_layout import board_vector_bits
+    from .cpu.vector_width import board_vector_bits
     from .placement.partition import segments
     runs = segments(graph, placements)
     target = {p.node: p.target for p in placements}

@@ -37,7 +37,7 @@ import llvmlite.binding as llvm
 from tessera.boards import BOARD_CPUS, BOARDS, Board
 from tessera.cache import cache_dir
 from tessera.compiler.cpu.sparse_dots import specialize_for_host
-from tessera.compiler.cpu.sparse_layout import vector_bits_of
+from tessera.compiler.cpu.vector_width import vector_bits_of
 from tessera.config import HwConfig
 from tessera.errors import CLI, PYTHON, CpuKernelError
 
@@ -373,9 +373,11 @@ class Jit:
         tm = self._tm if target is None else _target_machine(target)
         return tm.emit_object(self.optimize(ir, target))
 
-    def emit_assembly(self, ir: str) -> str:
-        """Host assembly of ``ir`` after optimisation (to check vectorisation)."""
-        return self._tm.emit_assembly(self.optimize(ir))
+    def emit_assembly(self, ir: str, target: CpuTarget | None = None) -> str:
+        """Assembly of ``ir`` optimised for ``target`` (None: the host), to check
+        vectorisation or time a loop with llvm-mca."""
+        tm = self._tm if target is None else _target_machine(target)
+        return tm.emit_assembly(self.optimize(ir, target))
 
     def _load(self, obj: bytes) -> llvm.ExecutionEngine:
         # MCJIT takes ownership of its target machine, so each engine gets its own.

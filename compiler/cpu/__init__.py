@@ -22,7 +22,8 @@ from .reduce import (REDUCE_OPS, arg_extreme, reduce_max, reduce_mean, reduce_mi
 from .resize import build_resize
 from .softmax import log_softmax, softmax
 from .sparse import build_conv_nm, build_matmul_nm
-from .sparse_layout import NMLayout, host_vector_bits, nm_layout
+from .sparse_layout import NMLayout, nm_layout
+from .vector_width import host_vector_bits
 from .sparse_pairs import PairLayout, build_matmul_nm_pairs, nm_pair_layout
 from .strided import (build_depth_to_space, build_expand, build_slice, build_space_to_depth,
                       build_tile)

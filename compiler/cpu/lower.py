@@ -55,7 +55,7 @@ from .lower_plan import LowerFn, NodeLowering, Plan, Unsupported
 from .lower_qbinary import QBINARY_LOWERINGS
 from .lower_quantized import QUANTIZED_LOWERINGS
 from .lower_rnn import RNN_LOWERINGS
-from .sparse_layout import building_for_vector_bits, host_vector_bits, noting_width_reads
+from .vector_width import building_for_vector_bits, host_vector_bits, noting_width_reads
 
 __all__ = ["CpuStep", "cpu_supported_ops", "cpu_unsupported_reason",
            "lower_node_to_cpu"]

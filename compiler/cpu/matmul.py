@@ -38,7 +38,7 @@ from .kernel import CpuKernel, TensorSpec, kernel_function, new_module
 from .layout_ops import Scratch
 from .packed_gemm import (PACKED_MIN_MACS, PackedGemm, declare, emit_packed_gemm,
                           strided_pack)
-from .sparse_layout import host_vector_bits
+from .vector_width import host_vector_bits
 
 __all__ = ["build_einsum", "build_gemm", "build_matmul", "build_matmul_integer",
            "einsum_output_shape", "matmul_output_shape"]

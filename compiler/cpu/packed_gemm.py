@@ -5,7 +5,7 @@
 :data:`DEPTH_BLOCK` values of k by 4 vectors of columns) into a contiguous scratch
 buffer by a caller-supplied :data:`Pack` (a strided copy, :func:`strided_pack`, or the
 conv's gather from the padded image), and a register tile of 6 rows x 4 vectors
-(AVX-512; narrower for 256- and 128-bit hosts, :func:`.sparse_layout.host_vector_bits`)
+(AVX-512; narrower for 256- and 128-bit hosts, :func:`.vector_width.host_vector_bits`)
 accumulates broadcast P elements times panel vectors with ``llvm.fmuladd`` on generic
 vectors (fused where the target has FMA, a multiply and an add elsewhere), P read in
 place. Sums over k are added block by block into the output.
@@ -19,7 +19,7 @@ import llvmlite.ir as ir
 
 from . import irutil as U
 from .irutil import F32
-from .sparse_layout import VECTOR_WIDTHS, host_vector_bits
+from .vector_width import VECTOR_WIDTHS, host_vector_bits
 
 __all__ = ["DEPTH_BLOCK", "PACKED_MIN_MACS", "Pack", "PackedGemm", "declare",
            "emit_packed_gemm", "strided_pack"]

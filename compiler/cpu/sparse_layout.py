@@ -33,8 +33,8 @@ read come from L1. Slots sorted by ``k`` make each chunk's slots one contiguous 
 of ``chunk_slots`` per row (the last chunk has the rest). Both arrays are stored flat,
 chunk-major (chunk by chunk, row by row inside one): the order the kernel reads them.
 
-**Vector width.** The host's (:func:`host_vector_bits`, LLVM's view of its features, or
-the width a :func:`building_for_vector_bits` block builds kernels for) sets how many
+**Vector width.** The width kernels are built for (:func:`.vector_width.host_vector_bits`:
+the host's, or a board CPU's when its IR variant is built) sets how many
 columns (output pixels, or a dense layer's rows) one vector holds (:func:`vector_lanes`)
 and so the *tile*, the columns one output row accumulates in
 registers, :data:`TILE_VECTORS` vectors: float32 4 x 16 = 64 columns with AVX-512, 4 x 8
@@ -49,23 +49,17 @@ elsewhere they stay correct, slower than pairs.
 """
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
-from tessera.boards import BOARD_CPUS, BOARDS
-from tessera.config import HwConfig
 from tessera.errors import CpuKernelError
 from tessera.sparsity import nm_groups
 
-__all__ = ["L1_BUDGET", "NMLayout", "ROW_BLOCK", "TILE_VECTORS", "VECTOR_WIDTHS",
-           "board_vector_bits", "building_for_vector_bits", "host_byte_dots",
-           "host_vector_bits", "nm_layout", "nm_slots", "noting_width_reads",
-           "vector_bits_of", "vector_lanes"]
+from .vector_width import host_features, host_vector_bits
+
+__all__ = ["L1_BUDGET", "NMLayout", "ROW_BLOCK", "TILE_VECTORS", "host_byte_dots", "nm_layout",
+           "nm_slots", "vector_lanes"]
 
 #: Vectors of columns one output row accumulates at a time (the register tile), by
 #: slots per value word (float32 1, int8 pairs 2, int8 byte dot products 4). With
@@ -81,91 +75,12 @@ ROW_BLOCK = {"float32": 2, "int8": 1}
 L1_BUDGET = 24 * 1024
 
 
-@lru_cache(maxsize=None)
-def _host_features() -> dict:
-    import llvmlite.binding as llvm
-
-    llvm.initialize_native_target()
-    return dict(llvm.get_host_cpu_features())
-
-
 def host_byte_dots() -> bool:
     """Whether the host has dot products of bytes into int32 at every vector width
     (AVX512-VNNI with VL): the int8 layouts then take the slots in fours, and the JIT
     compiles their byte dot products to ``vpdpbusd`` (:mod:`.sparse_dots`)."""
-    f = _host_features()
+    f = host_features()
     return all(f.get(name) for name in ("avx512vnni", "avx512vl", "avx512bw"))
-
-
-#: The vector width kernels are being built for, when not this host's
-#: (:func:`building_for_vector_bits`).
-_BUILD_VECTOR_BITS: ContextVar[int | None] = ContextVar("tessera_build_vector_bits",
-                                                        default=None)
-#: Where :func:`host_vector_bits` notes that it was read (:func:`noting_width_reads`).
-_WIDTH_READS: ContextVar[list | None] = ContextVar("tessera_width_reads", default=None)
-
-
-#: The vector widths kernels are tiled for (:data:`.packed_gemm._TILES` has a tile each).
-VECTOR_WIDTHS = (128, 256, 512)
-
-
-def vector_bits_of(features: Collection[str]) -> int:
-    """Width of the widest vector registers of a CPU with ``features`` (LLVM names): 512
-    with AVX-512 (F and BW), 256 with AVX2, else 128 (SSE, a board's NEON)."""
-    if "avx512f" in features and "avx512bw" in features:
-        return 512
-    if "avx2" in features:
-        return 256
-    return 128
-
-
-def board_vector_bits(config: HwConfig) -> tuple[int, ...]:
-    """The vector widths of the CPUs of the boards ``config``'s part sits on (the
-    ``"board"`` objects :func:`tessera.runtime.aot.prebuild` compiles by default)."""
-    return tuple(sorted({vector_bits_of(BOARD_CPUS[b.ps.arch][2]) for b in BOARDS.values()
-                         if b.part == config.part}))
-
-
-def host_vector_bits() -> int:
-    """The vector width the kernels built now are tiled for: this host's
-    (:func:`vector_bits_of` its features as LLVM sees them), or the width a
-    :func:`building_for_vector_bits` block asks for."""
-    reads = _WIDTH_READS.get()
-    if reads is not None:
-        reads.append(True)
-    bits = _BUILD_VECTOR_BITS.get()
-    return _own_vector_bits() if bits is None else bits
-
-
-@contextmanager
-def noting_width_reads() -> Iterator[list]:
-    """A list that gets an entry each time :func:`host_vector_bits` is read inside the
-    block: a kernel built without reading it is the same IR at every width."""
-    reads: list = []
-    token = _WIDTH_READS.set(reads)
-    try:
-        yield reads
-    finally:
-        _WIDTH_READS.reset(token)
-
-
-@lru_cache(maxsize=None)
-def _own_vector_bits() -> int:
-    return vector_bits_of({name for name, on in _host_features().items() if on})
-
-
-@contextmanager
-def building_for_vector_bits(bits: int) -> Iterator[None]:
-    """Kernels built inside the block are tiled for ``bits``-wide vectors (a board's
-    128-bit NEON, say) instead of this host's: the IR of the objects compiled for that
-    CPU (:attr:`CpuKernel.variants`)."""
-    if bits not in VECTOR_WIDTHS:
-        raise CpuKernelError(f"vector width {bits} bits is not one of {VECTOR_WIDTHS}")
-    token = _BUILD_VECTOR_BITS.set(bits)
-    try:
-        yield
-    finally:
-        _BUILD_VECTOR_BITS.reset(token)
 
 
 def vector_lanes(kind: str, vector_bits: int, group: int = 2) -> int:

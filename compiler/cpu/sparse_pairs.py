@@ -26,7 +26,8 @@ from . import irutil as U
 from .kernel import CpuKernel, TensorSpec, kernel_function, new_module
 from .layout_ops import Scratch
 from .sparse import _madd, _min, _splat
-from .sparse_layout import host_vector_bits, nm_slots
+from .sparse_layout import nm_slots
+from .vector_width import host_vector_bits
 
 __all__ = ["PairLayout", "build_matmul_nm_pairs", "nm_pair_layout"]
 

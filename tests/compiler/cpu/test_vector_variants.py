@@ -15,9 +15,9 @@ from onnx import TensorProto, helper, numpy_helper
 from tessera.boards import BOARD_CPUS
 from tessera.compiler.cpu.kernel import CpuKernel
 from tessera.compiler.cpu.lower import lower_node_to_cpu
-from tessera.compiler.cpu.sparse_layout import (VECTOR_WIDTHS, board_vector_bits,
-                                                building_for_vector_bits, host_vector_bits,
-                                                vector_bits_of)
+from tessera.compiler.cpu.vector_width import (VECTOR_WIDTHS, board_vector_bits,
+                                               building_for_vector_bits, host_vector_bits,
+                                               vector_bits_of)
 from tessera.compiler.frontend.onnx_import import import_onnx
 from tessera.config import PRESETS
 from tessera.errors import CpuKernelError
@@ -43,6 +43,13 @@ def _matmul_graph(m=64, k=256, n=512):
 def _lowered(model, widths):
     graph = import_onnx(model)
     return graph, [s for node in graph.nodes for s in lower_node_to_cpu(graph, node, widths)]
+
+
+def _packed_kernel():
+    """The packed GEMM's steps lowered with a variant for every other width, and its
+    kernel."""
+    _, steps = _lowered(_matmul_graph()[0], VECTOR_WIDTHS)
+    return steps, next(s.kernel for s in steps if s.kernel is not None)
 
 
 def test_a_packed_gemm_gets_a_variant_per_other_width_and_each_computes_the_matmul():
@@ -86,8 +93,7 @@ def test_a_lowering_whose_constants_depend_on_the_width_gets_no_variant(monkeypa
 
 
 def test_variants_survive_the_kernel_record():
-    _, steps = _lowered(_matmul_graph()[0], VECTOR_WIDTHS)
-    kernel = next(s.kernel for s in steps if s.kernel is not None)
+    _, kernel = _packed_kernel()
     assert kernel.variants
     assert CpuKernel.from_dict(kernel.to_dict()) == kernel
     plain = replace(kernel, variants=())
@@ -106,12 +112,11 @@ def test_the_boards_cpus_are_128_bit_and_the_compile_builds_their_variant():
         assert host_vector_bits() == 128
     with pytest.raises(CpuKernelError, match="not one of"):
         with building_for_vector_bits(64):
-            pass
+            host_vector_bits()
 
 
 def test_prebuild_compiles_each_target_from_its_widths_ir(monkeypatch, tmp_path):
-    _, steps = _lowered(_matmul_graph()[0], VECTOR_WIDTHS)
-    kernel = next(s.kernel for s in steps if s.kernel is not None)
+    steps, kernel = _packed_kernel()
     seen = {}
     jit = Jit(tmp_path)
 
@@ -130,13 +135,12 @@ def test_prebuild_compiles_each_target_from_its_widths_ir(monkeypatch, tmp_path)
 
 
 def test_the_jit_on_this_host_compiles_its_own_widths_ir(monkeypatch):
-    _, steps = _lowered(_matmul_graph()[0], VECTOR_WIDTHS)
-    kernel = next(s.kernel for s in steps if s.kernel is not None)
-    # A model compiled on another host: its main IR is for 128 bits, ours is a variant.
-    foreign = replace(kernel, ir=kernel.ir_for(128),
+    _, kernel = _packed_kernel()
+    # A model compiled on a host of another width: its main IR is that host's, ours a variant.
+    other = next(bits for bits in VECTOR_WIDTHS if bits != host_vector_bits())
+    foreign = replace(kernel, ir=kernel.ir_for(other),
                       variants=((host_vector_bits(), kernel.ir),))
-    if host_vector_bits() == 128:
-        pytest.skip("this host's vectors are 128-bit")
+    assert foreign.ir != kernel.ir
     compiled = []
     real = Jit.compile
     monkeypatch.setattr(Jit, "compile", lambda self, ir: compiled.append(ir) or real(self, ir))
