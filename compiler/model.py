@@ -508,7 +508,7 @@ def _compile_steps(graph, placements, config: HwConfig, report: Progress,
     """The steps of a placed graph: a program per accelerator segment, CPU kernels for the
     other nodes, in graph order."""
     from .cpu.lower import lower_node_to_cpu
-    from .cpu.vector_width import board_vector_bits
+    from .cpu.vector_width import VECTOR_WIDTHS
     from .placement.partition import segments
     runs = segments(graph, placements)
     target = {p.node: p.target for p in placements}
@@ -526,7 +526,7 @@ def _compile_steps(graph, placements, config: HwConfig, report: Progress,
     for node in graph.nodes:
         if target[node.name] != "accelerator":
             if node.name not in cache.cpu:
-                cache.cpu[node.name] = lower_node_to_cpu(graph, node, board_vector_bits(config))
+                cache.cpu[node.name] = lower_node_to_cpu(graph, node, VECTOR_WIDTHS)
             steps.extend(cache.cpu[node.name])
             continue
         k = run_of[node.name]

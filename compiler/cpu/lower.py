@@ -113,8 +113,8 @@ def lower_node_to_cpu(graph: Graph, node: Node,
     """CPU steps computing ``node`` exactly as onnxruntime does; raises CompileError (naming
     the node, saying which op/attribute is not supported and what to do) when there is no
     CPU kernel. Kernels tiled by vector width get, for each other width in
-    ``vector_bits`` (a board CPU's), a variant of their IR built for it
-    (:attr:`CpuKernel.variants`: what that CPU's objects are compiled from)."""
+    ``vector_bits`` (the compile passes every width kernels are tiled for), a variant of
+    their IR built for it (:attr:`CpuKernel.variants`: what a CPU of that width compiles)."""
     with noting_width_reads() as reads:
         steps = _lower(graph, node)
     if not reads:

@@ -2,10 +2,12 @@
 
 Kernel builders that tile by vector registers (the packed GEMM, the dot-product matmul,
 the N:M sparse kernels) ask :func:`host_vector_bits`. It is this host's width, or, inside
-:func:`building_for_vector_bits`, a board CPU's: :func:`.lower.lower_node_to_cpu` lowers
-a node again for each board width when its first lowering read the width
-(:func:`noting_width_reads`) and keeps the IR as the kernel's variant
-(:attr:`.kernel.CpuKernel.variants`), which the board's objects are compiled from.
+:func:`building_for_vector_bits`, another CPU's: :func:`.lower.lower_node_to_cpu` lowers
+a node again for each other width of :data:`VECTOR_WIDTHS` when its first lowering read
+the width (:func:`noting_width_reads`) and keeps the IR as the kernel's variant
+(:attr:`.kernel.CpuKernel.variants`). Objects for a CPU of another width (a board's
+128-bit NEON, a portable ``x86-64-v3``'s AVX2, an AVX-512 server when compiled on an
+AVX2 laptop) and a JIT on such a host compile that width's IR.
 """
 from __future__ import annotations
 
@@ -14,12 +16,10 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from functools import lru_cache
 
-from tessera.boards import BOARD_CPUS, BOARDS
-from tessera.config import HwConfig
 from tessera.errors import CpuKernelError
 
-__all__ = ["VECTOR_WIDTHS", "board_vector_bits", "building_for_vector_bits", "host_features",
-           "host_vector_bits", "noting_width_reads", "vector_bits_of"]
+__all__ = ["VECTOR_WIDTHS", "building_for_vector_bits", "host_features", "host_vector_bits",
+           "noting_width_reads", "vector_bits_of"]
 
 
 @lru_cache(maxsize=None)
@@ -51,13 +51,6 @@ def vector_bits_of(features: Collection[str]) -> int:
     if "avx2" in features:
         return 256
     return 128
-
-
-def board_vector_bits(config: HwConfig) -> tuple[int, ...]:
-    """The vector widths of the CPUs of the boards ``config``'s part sits on (the
-    ``"board"`` objects :func:`tessera.runtime.aot.prebuild` compiles by default)."""
-    return tuple(sorted({vector_bits_of(BOARD_CPUS[b.ps.arch][2]) for b in BOARDS.values()
-                         if b.part == config.part}))
 
 
 def host_vector_bits() -> int:

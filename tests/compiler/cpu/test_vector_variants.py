@@ -1,7 +1,8 @@
-"""Kernels tiled by vector width carry their IR built for the boards' CPUs too
+"""Kernels tiled by vector width carry their IR built for every other width too
 (``CpuKernel.variants``): a board's objects are compiled from IR whose register tiles fit
-its 128-bit NEON, not from the compiling host's AVX-512 tiles (which LLVM would split
-into four times the registers a Cortex-A9 has)."""
+its 128-bit NEON, a portable ``x86-64-v3`` object from AVX2 tiles, not from the compiling
+host's AVX-512 tiles (which LLVM would split into two to four times the registers those
+CPUs have)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -15,9 +16,8 @@ from onnx import TensorProto, helper, numpy_helper
 from tessera.boards import BOARD_CPUS
 from tessera.compiler.cpu.kernel import CpuKernel
 from tessera.compiler.cpu.lower import lower_node_to_cpu
-from tessera.compiler.cpu.vector_width import (VECTOR_WIDTHS, board_vector_bits,
-                                               building_for_vector_bits, host_vector_bits,
-                                               vector_bits_of)
+from tessera.compiler.cpu.vector_width import (VECTOR_WIDTHS, building_for_vector_bits,
+                                               host_vector_bits, vector_bits_of)
 from tessera.compiler.frontend.onnx_import import import_onnx
 from tessera.config import PRESETS
 from tessera.errors import CpuKernelError
@@ -102,11 +102,12 @@ def test_variants_survive_the_kernel_record():
         CpuKernel.from_dict({**kernel.to_dict(), "variants": {"wide": "..."}})
 
 
-def test_the_boards_cpus_are_128_bit_and_the_compile_builds_their_variant():
+def test_each_cpu_target_has_a_width_kernels_are_tiled_for():
     assert {vector_bits_of(requires) for _, _, requires in BOARD_CPUS.values()} == {128}
     for config in PRESETS.values():
-        assert board_vector_bits(config) == (128,)
         assert [t.vector_bits for t in cpu_target("board", config)] == [128]
+    assert [t.vector_bits for t in cpu_target("x86-64-v3", PRESETS["pynq"])] == [256]
+    assert host_target().vector_bits in VECTOR_WIDTHS
     assert host_target().vector_bits == host_vector_bits()
     with building_for_vector_bits(128):
         assert host_vector_bits() == 128
@@ -126,12 +127,14 @@ def test_prebuild_compiles_each_target_from_its_widths_ir(monkeypatch, tmp_path)
     monkeypatch.setattr(jit, "object_for", object_for)
     monkeypatch.setattr(aot, "get_jit", lambda: jit)
     compiled = SimpleNamespace(steps=steps, config=PRESETS["pynq"])
-    aot.prebuild(compiled, ("host", "board"))
+    aot.prebuild(compiled, ("host", "board", "x86-64-v3"))
     board, = cpu_target("board", PRESETS["pynq"])
+    portable, = cpu_target("x86-64-v3", PRESETS["pynq"])
     assert seen[board.name].startswith(kernel.ir_for(128))
+    assert seen[portable.name].startswith(kernel.ir_for(256))
     assert seen[host_target().name].startswith(kernel.ir_for(host_vector_bits()))
-    if host_vector_bits() != 128:
-        assert not seen[host_target().name].startswith(kernel.ir_for(128))
+    # One object per width, each from that width's IR.
+    assert len(set(seen.values())) == len({128, 256, host_vector_bits()})
 
 
 def test_the_jit_on_this_host_compiles_its_own_widths_ir(monkeypatch):
@@ -179,3 +182,18 @@ def test_only_lowerings_that_read_the_width_are_repeated(monkeypatch):
         opset_imports=[helper.make_opsetid("", 17)])
     _lowered(add, VECTOR_WIDTHS)
     assert calls == ["add"]
+
+
+def test_the_compile_asks_for_every_width(monkeypatch):
+    # Which CPUs a .tsr's objects are for is decided after the compile (--cpu-targets):
+    # the compile builds a variant for every width a target can have.
+    import tessera
+    from tessera.compiler import zoo
+    from tessera.compiler.cpu import lower
+    asked = []
+    real = lower.lower_node_to_cpu
+    monkeypatch.setattr(lower, "lower_node_to_cpu",
+                        lambda g, n, widths=(): asked.append(tuple(widths)) or real(g, n, widths))
+    net = zoo.ZOO["mlp"]()
+    tessera.compile(net, "tiny", calibration=zoo.calibration_data(net), placement="cpu")
+    assert asked and set(asked) == {VECTOR_WIDTHS}
