@@ -46,7 +46,7 @@ from tessera.config import PRESETS  # noqa: E402
 from tessera.runtime import aot  # noqa: E402
 from tessera.runtime.cpu import load_kernel  # noqa: E402
 from tessera.runtime.jit import cpu_target, get_jit  # noqa: E402
-from host_models import MCA, mca_cycles  # noqa: E402
+from host_models import MCA, mca_args, mca_cycles  # noqa: E402
 
 #: A vector float32 multiply-add (ARM NEON: vmla/vfma on q registers; AArch64: fmla on
 #: .4s; x86: vfmadd on xmm/ymm/zmm).
@@ -94,8 +94,7 @@ def measure(target, shape: tuple[int, int, int], bits: int) -> dict:
     kernel = packed_gemm(shape, bits)
     block = hot_block(get_jit().emit_assembly(kernel.ir, target))
     macs = sum(map(fma_lanes, block))
-    cpu = (f"-mtriple={target.triple}", f"-mcpu={target.cpu}", f"-mattr={target.features}")
-    cycles = mca_cycles(cpu, "\n".join(block))
+    cycles = mca_cycles(mca_args(target), "\n".join(block))
     return {"instructions": len(block), "fmas": sum(bool(_FMA.search(x)) for x in block),
             "cycles": cycles, "macs_per_cycle": macs / cycles}
 

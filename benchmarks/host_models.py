@@ -6,9 +6,11 @@ kernels' own code analysed for that CPU.
 Method, per representative kernel call (``tessera.runtime.calibrate.representatives``,
 the same set ``tessera calibrate-host`` times):
 
-1. The kernel's LLVM IR is optimised for the board (its triple, CPU and features) by the
-   runtime's own pipeline (``tessera.runtime.jit.Jit.optimize`` on the board's target
-   machine): the code the board's JIT would run.
+1. The kernel's LLVM IR, built for the board CPU's vector width (the IR variant its
+   objects are compiled from, ``CpuKernel.ir_for``), is optimised for the board's target
+   (``tessera.runtime.jit.board_target``: triple, CPU and features, the ones its objects
+   are compiled for) by the runtime's own pipeline (``Jit.optimize``): the code the board
+   runs.
 2. Dynamic block counts: a copy of the optimised IR with a counter per basic block is
    retargeted to this machine, JIT-compiled and run on random inputs of the call's shapes.
 3. Cycles per block execution: the optimised IR with an inline-asm marker at the start of
@@ -44,10 +46,12 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from tessera.compiler.cpu.vector_width import building_for_vector_bits  # noqa: E402
 from tessera.hostmodel import HostModel, Work                       # noqa: E402
 from tessera.runtime.calibrate import (Representative, time_call,   # noqa: E402
                                        describe, fit_kernel_cost, representatives)
-from tessera.runtime.jit import Jit                                  # noqa: E402
+from tessera.runtime.jit import (CpuTarget, Jit, _target_machine,  # noqa: E402
+                                 board_target)
 
 MCA = "/usr/bin/llvm-mca"
 MCA_ITERATIONS = 200
@@ -61,10 +65,7 @@ class BoardCpu:
     cpu: str
     cores: int
     hz: float
-    triple: str
-    llvm_cpu: str
-    features: str
-    mca_args: tuple[str, ...]
+    target: CpuTarget                 # what its kernels are compiled for
     comment: str                      # the assembly's comment leader
     dram_bytes_per_second: float      # DRAM traffic (read + write) the CPU reaches
     copy_bytes_per_second: float
@@ -73,6 +74,16 @@ class BoardCpu:
     #: A CPU kernel call from the runtime (Python to native): one Python MMIO access's time.
     dispatch_seconds: float
     sources: dict
+
+    @property
+    def mca_args(self) -> tuple[str, ...]:
+        return mca_args(self.target)
+
+
+def mca_args(target: CpuTarget) -> tuple[str, ...]:
+    """llvm-mca's options for code compiled for ``target``."""
+    return (f"-mtriple={target.triple}", f"-mcpu={target.cpu}",
+            *([f"-mattr={target.features}"] if target.features else []))
 
 
 #: PYNQ MMIO from Python: 5,600 ``MMIO.write`` calls in 150-200 ms on a PYNQ-Z1 (27-36 us
@@ -93,8 +104,7 @@ _A9_HZ, _A53_HZ = 650e6, 1.2e9
 FIGURES = {
     "cortex-a9": BoardCpu(
         "cortex-a9", "2x ARM Cortex-A9 at 650 MHz, NEON (PYNQ-Z1/Z2, Zynq-7020)", 2, _A9_HZ,
-        "armv7a-unknown-linux-gnueabihf", "cortex-a9", "+neon,+vfp3",
-        ("-mtriple=armv7a-unknown-linux-gnueabihf", "-mcpu=cortex-a9", "-mattr=+neon,+vfp3"), "@",
+        board_target("pynq-z2"), "@",
         2 * _A9_MEMCPY, _A9_MEMCPY, 2 * _A9_MEMCPY, _LAUNCH_ACCESSES * _MMIO_A9, _MMIO_A9,
         {"memcpy": "https://github.com/bmartini/zynq-xdma/issues/10 (Zedboard, Zynq-7020: "
                    "memcpy ~256 MB/s)",
@@ -104,8 +114,7 @@ FIGURES = {
                      "CPU reaches about a quarter of it)"}),
     "cortex-a53": BoardCpu(
         "cortex-a53", "4x ARM Cortex-A53 at 1.2 GHz, NEON (ZCU104, Zynq UltraScale+)", 4,
-        _A53_HZ, "aarch64-unknown-linux-gnu", "cortex-a53", "+neon",
-        ("-mtriple=aarch64", "-mcpu=cortex-a53"), "//",
+        _A53_HZ, board_target("zcu104"), "//",
         2 * _A53_MEMCPY, _A53_MEMCPY, 2 * _A53_MEMCPY,
         _LAUNCH_ACCESSES * _MMIO_A9 * _A9_HZ / _A53_HZ, _MMIO_A9 * _A9_HZ / _A53_HZ,
         {"memcpy": "https://github.com/ikwzm/udmabuf/issues/16 (Zynq UltraScale+: cached "
@@ -210,12 +219,14 @@ def _block_scopes(ir: str) -> list[int]:
 
 # ------------------------------------------------------------------ analysis
 class BoardJit(Jit):
-    """The runtime's JIT pipeline (``Jit.optimize``) on a board's target machine."""
+    """The runtime's JIT pipeline (``Jit.optimize``) for a board's target."""
 
     def __init__(self, board: BoardCpu) -> None:        # no cache, no host engine
-        target = llvm.Target.from_triple(board.triple)
-        self._tm = target.create_target_machine(cpu=board.llvm_cpu, features=board.features,
-                                                opt=3)
+        self.target = board.target
+        self._tm = _target_machine(board.target)
+
+    def optimize(self, ir: str, target: CpuTarget | None = None) -> llvm.ModuleRef:
+        return super().optimize(ir, target or self.target)
 
 
 def _on_this_machine(ir: str, tm: llvm.TargetMachine, rep: Representative
@@ -338,7 +349,9 @@ def build_model(board: BoardCpu, quick: bool = False) -> HostModel:
     """Analyse every representative for ``board`` and fit each kind."""
     jit = BoardJit(board)
     kernels, kinds = {}, {}
-    for kind, reps in representatives(quick).items():
+    with building_for_vector_bits(board.target.vector_bits):
+        calls = representatives(quick)
+    for kind, reps in calls.items():
         results = []
         for rep in reps:
             r = modelled_seconds(rep, board, jit)
@@ -354,8 +367,9 @@ def build_model(board: BoardCpu, quick: bool = False) -> HostModel:
              **{k: v for k, v in r.items() if k != "calls"}}
             for rep, r in zip(reps, results)]}
     source = ("llvm-mca analysis of the CPU kernels' code for this CPU (benchmarks/"
-              f"host_models.py): {board.triple} -mcpu={board.llvm_cpu}, the runtime's O3 "
-              "pipeline; per-block dynamic counts from an instrumented run, cycles per block "
+              f"host_models.py): {board.target.triple} -mcpu={board.target.cpu}, the "
+              f"runtime's O3 pipeline on IR for {board.target.vector_bits}-bit vectors; "
+              "per-block dynamic counts from an instrumented run, cycles per block "
               "from llvm-mca, max with a DRAM floor at the CPU's published memcpy rate; NNLS "
               "fit per kind. Launch, copy and flush from published measurements "
               "(details.sources)")
@@ -396,15 +410,16 @@ def validate_on_this_machine(quick: bool) -> None:
     """The method checked where it can be measured: every representative compiled for
     znver3 (which llvm-mca 14 models), its time modelled as for a board (no memory floor,
     no dispatch) and measured here by calling the same machine code."""
-    host = BoardCpu("this machine", "", 1, _cpu_mhz() * 1e6,
-                    llvm.get_process_triple(), "znver3", "",
-                    (f"-mtriple={llvm.get_process_triple()}", "-mcpu=znver3"), "#",
+    znver3 = CpuTarget("znver3", llvm.get_process_triple(), "znver3", "+avx2,+fma")
+    host = BoardCpu("this machine", "", 1, _cpu_mhz() * 1e6, znver3, "#",
                     float("inf"), 1.0, 1.0, 0.0, 0.0, {})
     jit = BoardJit(host)
     print(f"method check on this machine (znver3 code, {host.hz / 1e6:.0f} MHz nominal)")
     print(f"{'kind':<15}{'call':<34}{'modelled us':>12}{'measured us':>12}{'ratio':>7}")
     ratios = []
-    for kind, reps in representatives(quick).items():
+    with building_for_vector_bits(znver3.vector_bits):
+        calls = representatives(quick)
+    for kind, reps in calls.items():
         for rep in reps:
             model = modelled_seconds(rep, host, jit)["seconds"]
             fresh = BoardJit(host)._tm            # the engine takes its target machine
