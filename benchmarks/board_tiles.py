@@ -111,7 +111,7 @@ def run_here(target, shape: tuple[int, int, int], widths: list[int],
     loaded = {}
     for bits in widths:
         kernel = replace(host, variants=() if bits == host_vector_bits()
-                         else ((target.vector_bits, packed_gemm(shape, bits).ir),))
+                         else ((bits, packed_gemm(shape, bits).ir),))
         step = CpuStep("mm", "MatMul", kernel, ("a", "b"), ("y",), {}, None)
         aot.prebuild(SimpleNamespace(steps=[step], config=PRESETS["pynq"]), (target,))
         assert aot.prebuilt_module(kernel) is not None, "the object was not loaded"
