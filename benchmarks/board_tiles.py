@@ -8,10 +8,10 @@ Usage: python benchmarks/board_tiles.py [--shape 64x768x3072]
 Per target (``tessera.runtime.jit.cpu_target("board", ...)`` of each preset, and
 ``"x86-64-v3"``): builds
 ``tessera.compiler.cpu.matmul.build_matmul`` for an ``M x K @ K x N`` float32 product at
-this host's vector width and at the board's (``building_for_vector_bits``), compiles each
-for the board (the objects' path: ``Jit.emit_assembly(ir, target)``), takes the basic
+this host's vector width and at the target's (``building_for_vector_bits``), compiles
+each for the target (the objects' path: ``Jit.emit_assembly(ir, target)``), takes the basic
 block with the most vector multiply-adds (the register tile's k loop) and times it with
-``benchmarks/host_models.py``'s ``mca_cycles`` (``llvm-mca -mcpu=<board cpu>``; a
+``benchmarks/host_models.py``'s ``mca_cycles`` (``llvm-mca`` for the target's CPU; a
 sequence llvm-mca cannot time is timed in halves, an instruction it cannot time at all,
 such as the Cortex-A9's multi-register reloads of spilled accumulators, costs a cycle).
 Prints the block's instructions, its multiply-adds, the cycles per iteration, the MACs

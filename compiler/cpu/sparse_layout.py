@@ -34,7 +34,7 @@ of ``chunk_slots`` per row (the last chunk has the rest). Both arrays are stored
 chunk-major (chunk by chunk, row by row inside one): the order the kernel reads them.
 
 **Vector width.** The width kernels are built for (:func:`.vector_width.host_vector_bits`:
-the host's, or a board CPU's when its IR variant is built) sets how many
+the host's, or another CPU's when its IR variant is built) sets how many
 columns (output pixels, or a dense layer's rows) one vector holds (:func:`vector_lanes`)
 and so the *tile*, the columns one output row accumulates in
 registers, :data:`TILE_VECTORS` vectors: float32 4 x 16 = 64 columns with AVX-512, 4 x 8
