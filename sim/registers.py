@@ -155,7 +155,4 @@ class DecodedProgram(Program):
     def __init__(self, config: HwConfig, stream: bytes, instructions: list[Instruction],
                  segments: list[Segment]) -> None:
         super().__init__(config, instructions, segments)
-        self.stream = stream
-
-    def encode_instructions(self) -> bytes:
-        return self.stream
+        self._stream = (tuple(self.instructions), stream)   # Program's encoding, given

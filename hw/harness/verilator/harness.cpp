@@ -10,7 +10,8 @@
 //   1. sample the design's outputs (valid/ready and payloads) for cycle c;
 //   2. DDR grant: budget = min(budget, B) + D, round-robin over ports from the one after
 //      the last granted port, read before write within a port, each grant costs B;
-//   3. drive the model's outputs (and the control master's) and settle (eval, aclk low);
+//   3. drive the model's outputs (and the control master's) and, if any changed, settle
+//      (eval, aclk low; otherwise only the model's record of aclk falls, see tick());
 //   4. rising edge (eval, aclk high), then apply the cycle-c handshakes to the model.
 // Compile with -DTESSERA_TRACE=1 (VCD, verilator --trace) or 2 (FST, --trace-fst).
 //
@@ -33,6 +34,7 @@
 
 #include "verilated.h"
 #include "Vtessera_top.h"
+#include "Vtessera_top___024root.h"
 
 #if defined(TESSERA_TRACE) && TESSERA_TRACE == 1
 #include "verilated_vcd_c.h"
@@ -62,16 +64,26 @@ struct Sig {
             default: return n >= 8 ? load<uint64_t>() : load_short();
         }
     }
-    void put(uint64_t v) const {
+    // put/put_bytes say whether the value changed: a cycle whose inputs all stay as
+    // they were needs no settling evaluation (see Harness::tick).
+    bool put(uint64_t v) const {
         switch (n) {
-            case 1: *p = uint8_t(v); return;
-            case 2: store(uint16_t(v)); return;
-            case 4: store(uint32_t(v)); return;
-            case 8: store(v); return;
-            default:
-                std::memset(p, 0, n);
-                std::memcpy(p, &v, n < 8 ? n : 8);
+            case 1: return exchange(uint8_t(v));
+            case 2: return exchange(uint16_t(v));
+            case 4: return exchange(uint32_t(v));
+            case 8: return exchange(v);
+            default: {
+                uint8_t bytes[8];
+                std::memcpy(bytes, &v, 8);
+                return put_bytes(bytes, n < 8 ? n : 8);
+            }
         }
+    }
+    template <typename U>
+    bool exchange(U v) const {
+        U old = load<U>();
+        store(v);
+        return old != v;
     }
     template <typename U>
     U load() const {
@@ -87,9 +99,14 @@ struct Sig {
     template <typename U>
     void store(U v) const { std::memcpy(p, &v, sizeof(U)); }
     void get_bytes(uint8_t* out, int nbytes) const { std::memcpy(out, p, nbytes); }
-    void put_bytes(const uint8_t* in, int nbytes) const {
-        std::memcpy(p, in, nbytes);
-        if (n > nbytes) std::memset(p + nbytes, 0, n - nbytes);
+    bool put_bytes(const uint8_t* in, int nbytes) const {
+        bool changed = std::memcmp(p, in, nbytes) != 0;
+        if (changed) std::memcpy(p, in, nbytes);
+        for (int j = nbytes; j < n; ++j) {
+            changed |= p[j] != 0;
+            p[j] = 0;
+        }
+        return changed;
     }
 };
 
@@ -206,6 +223,15 @@ struct Mmio {
     bool aw_hs = false, w_hs = false, b_hs = false, ar_hs = false, r_hs = false;
 };
 
+// Set a model input; true when its value changed.
+template <typename T, typename V>
+bool exchange(T& field, V value) {
+    T v = static_cast<T>(value);
+    bool changed = field != v;
+    field = v;
+    return changed;
+}
+
 struct Harness {
     std::unique_ptr<VerilatedContext> ctx;
     std::unique_ptr<Vtessera_top> top;
@@ -224,6 +250,8 @@ struct Harness {
     uint64_t cycle = 0;      // cycles since the end of the last reset
     uint64_t time = 0;       // trace time: two half-cycles per cycle, from the model's creation
     bool in_reset = false;
+    uint64_t settles = 0;   // cycles since the last reset that ran the falling-edge eval()
+    bool settle_always = false;   // run it every cycle (to compare, see tsim_settle_always)
     Mmio mmio;
     bool logging = false;
     std::vector<uint64_t> log;
@@ -348,38 +376,46 @@ struct Harness {
         }
     }
 
-    void drive() {
+    // Drive the model's outputs for this cycle; true when any of the design's inputs changed.
+    bool drive() {
         static const uint8_t zeros[B] = {};
+        bool changed = false;
         for (size_t i = 0; i < ports.size(); ++i) {
             const MasterPort& p = ports[i];
             PortState& s = st[i];
             if (p.reads) {
-                p.arready.put(in_reset ? 0 : 1);
-                p.rvalid.put(s.offer.valid);
-                p.rdata.put_bytes(s.offer.valid ? s.offer.data : zeros, B);
-                p.rresp.put(s.offer.valid ? s.offer.resp : 0);
-                p.rlast.put(s.offer.valid && s.offer.last);
-                p.rid.put(s.offer.valid ? s.offer.id : 0);
+                changed |= p.arready.put(in_reset ? 0 : 1);
+                changed |= p.rvalid.put(s.offer.valid);
+                changed |= p.rdata.put_bytes(s.offer.valid ? s.offer.data : zeros, B);
+                changed |= p.rresp.put(s.offer.valid ? s.offer.resp : 0);
+                changed |= p.rlast.put(s.offer.valid && s.offer.last);
+                changed |= p.rid.put(s.offer.valid ? s.offer.id : 0);
             }
             if (p.writes) {
-                p.awready.put(in_reset ? 0 : 1);
-                p.wready.put(s.wgrant);
+                changed |= p.awready.put(in_reset ? 0 : 1);
+                changed |= p.wready.put(s.wgrant);
                 s.bvalid = !s.bq.empty() && s.bq.front().due <= cycle;
-                p.bvalid.put(s.bvalid);
-                p.bresp.put(s.bvalid ? s.bq.front().resp : 0);
-                p.bid.put(s.bvalid ? s.bq.front().id : 0);
+                changed |= p.bvalid.put(s.bvalid);
+                changed |= p.bresp.put(s.bvalid ? s.bq.front().resp : 0);
+                changed |= p.bid.put(s.bvalid ? s.bq.front().id : 0);
             }
         }
+        return drive_mmio() || changed;
+    }
+
+    bool drive_mmio() {
         Vtessera_top* t = top.get();
-        t->s_axi_control_awvalid = mmio.aw;
-        t->s_axi_control_awaddr = mmio.addr;
-        t->s_axi_control_wvalid = mmio.w;
-        t->s_axi_control_wdata = mmio.wdata;
-        t->s_axi_control_wstrb = mmio.wstrb;
-        t->s_axi_control_bready = mmio.b;
-        t->s_axi_control_arvalid = mmio.ar;
-        t->s_axi_control_araddr = mmio.addr;
-        t->s_axi_control_rready = mmio.r;
+        bool changed = false;
+        changed |= exchange(t->s_axi_control_awvalid, mmio.aw);
+        changed |= exchange(t->s_axi_control_awaddr, mmio.addr);
+        changed |= exchange(t->s_axi_control_wvalid, mmio.w);
+        changed |= exchange(t->s_axi_control_wdata, mmio.wdata);
+        changed |= exchange(t->s_axi_control_wstrb, mmio.wstrb);
+        changed |= exchange(t->s_axi_control_bready, mmio.b);
+        changed |= exchange(t->s_axi_control_arvalid, mmio.ar);
+        changed |= exchange(t->s_axi_control_araddr, mmio.addr);
+        changed |= exchange(t->s_axi_control_rready, mmio.r);
+        return changed;
     }
 
     void check_stable() {
@@ -561,16 +597,44 @@ struct Harness {
     }
 
     // ------------------------------------------------------------ one cycle
+    // Verilator finds a rising edge of aclk by comparing it with its value at the last
+    // eval(). The falling-edge eval() only settles the logic that follows the inputs (and
+    // lets check_stable look at it); when no input changed since the last eval() it has
+    // nothing to do but record aclk low, so record that instead: one eval() a cycle
+    // instead of two (Verilator evaluates its input region on every eval()). false, and
+    // the eval() runs, where this Verilator keeps the clock's last value elsewhere.
+    template <typename Root>
+    static bool fall_without_eval(Root* root) {
+        if constexpr (requires { root->__Vtrigprevexpr___TOP__aclk__0; }) {
+            root->__Vtrigprevexpr___TOP__aclk__0 = 0;
+            return true;
+        } else {
+            return false;
+        }
+    }
+
+    bool tracing() const {
+#ifdef TESSERA_TRACE
+        return bool(tfp);   // the waveform shows aclk low between the edges
+#else
+        return false;
+#endif
+    }
+
     void tick() {
         Vtessera_top* t = top.get();
         if (!in_reset) {
             sample();
             grant();
         }
-        drive();
+        bool changed = drive();
         t->aclk = 0;
-        t->eval();
-        if (!in_reset) check_stable();
+        if (changed || settle_always || in_reset || tracing() ||
+            !fall_without_eval(t->rootp)) {
+            t->eval();
+            ++settles;
+            if (!in_reset) check_stable();
+        }
         sample_mmio();
         ctx->time(time);
         dump();
@@ -633,6 +697,7 @@ struct Harness {
         in_reset = false;
         clear_model();
         cycle = 0;
+        settles = 0;
         log.clear();
         protocol_errors = 0;
         protocol_message.clear();
@@ -645,7 +710,7 @@ struct Harness {
 
 TSIM_API int tsim_num_ports() { return NPORTS; }
 TSIM_API int tsim_bus_bytes() { return B; }
-TSIM_API int tsim_abi_version() { return 3; }
+TSIM_API int tsim_abi_version() { return 4; }
 
 TSIM_API void* tsim_create(uint64_t dram_bytes, uint64_t latency, double ddr_bytes_per_cycle,
                            const char* trace_path) {
@@ -796,6 +861,14 @@ TSIM_API int tsim_port_index(void* hp, int port) {
     Harness* h = static_cast<Harness*>(hp);
     if (port < 0 || port >= int(h->ports.size())) return -1;
     return h->ports[port].index;
+}
+
+// Cycles since the last reset that ran the falling-edge eval(): those whose inputs changed.
+TSIM_API uint64_t tsim_settles(void* hp) { return static_cast<Harness*>(hp)->settles; }
+
+// Run the falling-edge eval() every cycle, as before it was skipped (to compare).
+TSIM_API void tsim_settle_always(void* hp, int on) {
+    static_cast<Harness*>(hp)->settle_always = on != 0;
 }
 
 TSIM_API uint64_t tsim_protocol_errors(void* hp) {

@@ -22,8 +22,9 @@ from tessera.hw.harness.rtlsim import RtlResult, RtlSim, RtlSimError, run_progra
 from tessera.isa import Finish, Program
 from tessera.regmap import REG, STATUS_DONE, STATUS_ERROR, VERSION, ErrorCode, axi_ports, config_id
 
-from tests.hw.rtl_testdesign import (BURST, CHECKSUM, DST, MODE, MODE_INDEPENDENT, MODE_LATE_AW,
-                             MODE_SLOW, SCRATCH, WSTRB, copier_verilog, pattern_word)
+from tests.hw.rtl_testdesign import (BURST, CHECKSUM, DST, MODE, MODE_COMB_RREADY,
+                                     MODE_INDEPENDENT, MODE_LATE_AW, MODE_SLOW, SCRATCH, WSTRB,
+                                     copier_verilog, pattern_word)
 
 #: p0 reads (fetch), p1 reads (compute) and writes (store), p2 reads (load, idle here).
 CFG64 = PRESETS["tiny"].replace(name="rtltest64", dram_ports=3, module_ports=(0, 2, 1, 1))
@@ -329,6 +330,37 @@ def test_protocol_errors_are_reported(make):
     assert sim.protocol_errors == []
 
 
+def test_a_combinational_ready_is_reported(make):
+    sim = make("64")
+    sim.write_dram(0, random_bytes(16 * 8))
+    with pytest.raises(AssertionError, match="no interrupt"):     # the copy never ends
+        start(sim, 0, 0x1000, 16, mode=MODE_COMB_RREADY, max_cycles=2000)
+    errors = sim.protocol_errors
+    assert errors and "m_axi_p0" in errors[0] and "combinational path" in errors[0]
+
+
+@pytest.mark.parametrize("mode", [0, MODE_INDEPENDENT, MODE_SLOW | MODE_LATE_AW])
+def test_settling_only_when_inputs_change_changes_nothing(make, key, mode):
+    """The harness skips the falling-edge evaluation of a cycle whose inputs did not
+    change (it writes Verilator's record of the clock instead): the same handshakes,
+    cycles and DRAM as evaluating every falling edge, with fewer evaluations."""
+    sim = make(key)
+    src = random_bytes(32 * sim.config.bus_bytes, seed=mode)
+    runs = []
+    for every in (True, False):
+        sim.reset()
+        sim.write_dram(0, src)
+        sim.write_dram(0x4000, np.zeros(src.size, np.uint8))
+        sim.settle_every_cycle(every)
+        log = start(sim, 0, 0x4000, 32, mode=mode, burst=8)
+        runs.append((log, sim.cycle, sim.settled_cycles, sim.read_dram(0, 0x8000).tobytes()))
+    (log_a, cycles_a, settled_a, dram_a), (log_b, cycles_b, settled_b, dram_b) = runs
+    assert log_a == log_b and cycles_a == cycles_b and dram_a == dram_b
+    assert sim.protocol_errors == []
+    assert settled_a == cycles_a
+    assert 0 < settled_b < cycles_b     # the skip is active with the pinned Verilator
+
+
 # ------------------------------------------------------------------- programs
 def copy_program(config):
     program = Program(config, [Finish()] * 6)
@@ -447,6 +479,24 @@ def test_the_build_key_holds_the_flags(make):
     assert record["key"]["flags"] == [vflags, cflags, ldflags, make_vars]
     assert "OPT_FAST=-O2" in make_vars and " -O" not in cflags   # CFLAGS would override it
     assert vflags[vflags.index("--top-module") + 1] == verilator_build.SIM_TOP
+    assert record["key"]["cxx"] == verilator_build._toolchain().cxx_version
+
+
+def test_the_compiler_is_zigs_clang_unless_one_is_named(monkeypatch):
+    """The ziglang wheel's clang builds faster models than gcc (docs/benchmarks.md); it
+    compiles for this CPU, so its identity (in the build key) names the CPU it targets."""
+    pytest.importorskip("ziglang")
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.delenv("ZIG_GLOBAL_CACHE_DIR", raising=False)
+    cxx, env, identity = verilator_build._find_cxx()
+    assert cxx.endswith("zig c++") or cxx.endswith("zig' c++")
+    assert identity.startswith("zig ") and "clang version" in identity
+    cpu = identity.split(" cpu ")[1].split()
+    assert cpu[0] != "unknown" and len(cpu[1]) == 16
+    assert dict(env)["ZIG_GLOBAL_CACHE_DIR"] == str(verilator_build.cache_root() / "zig")
+    monkeypatch.setenv("CXX", "g++")
+    assert verilator_build._find_cxx()[0] == "g++"
+    assert verilator_build._find_cxx("clang++ -O1")[0] == "clang++ -O1"
 
 
 def test_sim_top_wraps_every_port(verilog):
