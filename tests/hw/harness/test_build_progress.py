@@ -8,13 +8,19 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("amaranth")
+
+from tessera.hw.harness import verilator_build  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.slow
 def test_a_fresh_verilator_build_prints_its_stages(tmp_path):
-    # a cache of its own, so the build really runs (tiny: ~30-60 s)
+    # a cache of its own, so the build really runs (tiny: ~30-60 s); zig's C++ runtime, a
+    # toolchain cache built once per zig install (~60 s), stays where the user's is
     env = dict(os.environ, TESSERA_CACHE=str(tmp_path))
+    env.setdefault("ZIG_GLOBAL_CACHE_DIR", str(verilator_build.cache_root() / "zig"))
     env.pop("TESSERA_PROGRESS", None)
     code = ("from tessera.config import get_config; from tests.rtl import rtl_sim; "
             "rtl_sim(get_config('tiny'))")
