@@ -223,15 +223,6 @@ struct Mmio {
     bool aw_hs = false, w_hs = false, b_hs = false, ar_hs = false, r_hs = false;
 };
 
-// Set a model input; true when its value changed.
-template <typename T, typename V>
-bool exchange(T& field, V value) {
-    T v = static_cast<T>(value);
-    bool changed = field != v;
-    field = v;
-    return changed;
-}
-
 struct Harness {
     std::unique_ptr<VerilatedContext> ctx;
     std::unique_ptr<Vtessera_top> top;
@@ -406,15 +397,15 @@ struct Harness {
     bool drive_mmio() {
         Vtessera_top* t = top.get();
         bool changed = false;
-        changed |= exchange(t->s_axi_control_awvalid, mmio.aw);
-        changed |= exchange(t->s_axi_control_awaddr, mmio.addr);
-        changed |= exchange(t->s_axi_control_wvalid, mmio.w);
-        changed |= exchange(t->s_axi_control_wdata, mmio.wdata);
-        changed |= exchange(t->s_axi_control_wstrb, mmio.wstrb);
-        changed |= exchange(t->s_axi_control_bready, mmio.b);
-        changed |= exchange(t->s_axi_control_arvalid, mmio.ar);
-        changed |= exchange(t->s_axi_control_araddr, mmio.addr);
-        changed |= exchange(t->s_axi_control_rready, mmio.r);
+        changed |= sig(t->s_axi_control_awvalid).put(mmio.aw);
+        changed |= sig(t->s_axi_control_awaddr).put(mmio.addr);
+        changed |= sig(t->s_axi_control_wvalid).put(mmio.w);
+        changed |= sig(t->s_axi_control_wdata).put(mmio.wdata);
+        changed |= sig(t->s_axi_control_wstrb).put(mmio.wstrb);
+        changed |= sig(t->s_axi_control_bready).put(mmio.b);
+        changed |= sig(t->s_axi_control_arvalid).put(mmio.ar);
+        changed |= sig(t->s_axi_control_araddr).put(mmio.addr);
+        changed |= sig(t->s_axi_control_rready).put(mmio.r);
         return changed;
     }
 
