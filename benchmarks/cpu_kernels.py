@@ -42,6 +42,14 @@ from cpu_case import Case
 
 CASE_MODULES = ("cpu_cases_math", "cpu_cases_data")
 _BLOCK_SECONDS = 0.02     # each timed block of calls lasts at least this long
+#: Untimed calls before each timed block of a case whose kernel runs on several
+#: threads, for this long. numpy's BLAS (OpenBLAS) leaves its worker threads spinning
+#: for ~0.1-0.2 s after a call, and a kernel block started in that window shares the
+#: second core with them; a pause instead lets this VM's idle vCPUs fall into a state
+#: they are slow to wake from. 64x768 @ 768x3072 on 2 threads here: 1.64 ms called in a
+#: loop, 2.67 ms right after numpy's block, 3.37 ms after a 0.15 s pause, 1.66-1.71 ms
+#: after 0.2 s of its own calls (numpy 1.93-2.25 ms after 0.2 s of its own).
+_WARM_SECONDS = 0.2
 
 
 @dataclass
@@ -119,6 +127,12 @@ def _block_us(fn: Callable[[], object], calls: int) -> float:
     return (time.perf_counter() - start) / calls * 1e6
 
 
+def _warm(fn: Callable[[], object], seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        fn()
+
+
 def run_case(case: Case, repeats: int) -> Row:
     row = Row(case)
     start = time.perf_counter()
@@ -141,6 +155,8 @@ def run_case(case: Case, repeats: int) -> Row:
         times: list[list[float]] = [[] for _ in fns]
         for _ in range(repeats):   # interleaved, so background load hits all alike
             for k, (fn, n) in enumerate(zip(fns, calls)):
+                if row.threads > 1:
+                    _warm(fn, _WARM_SECONDS)
                 times[k].append(_block_us(fn, n))
     serial = times[2] if serial_fn else times[1]
     row.numpy_us, row.kernel_us, row.serial_us = (median(t) for t in (times[0], times[1],

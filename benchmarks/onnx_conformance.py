@@ -227,8 +227,9 @@ import and lowering take (`tests/compiler/cpu/conformance.py`).
 What we claim has one source of truth, the CPU lowering table
 (`tessera.compiler.cpu.lower.cpu_supported_ops()`): a node test is claimed when every op
 of its model has a CPU lowering. `tests/compiler/cpu/test_onnx_conformance.py` runs every
-claimed test in the default test run: each passes, or is listed below with why it fails
-(and must keep failing for that reason until fixed).
+claimed test (three per op and every listed failure in the default test run, the rest
+with `-m slow`): each passes, or is listed below with why it fails (and must keep
+failing for that reason until fixed).
 
 Figures: `python benchmarks/onnx_conformance.py --markdown > docs/operators.md`
 (run in {run}). Without `--markdown` it prints passed/total and the failure

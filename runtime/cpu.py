@@ -29,6 +29,12 @@ MAX_THREADS = 8
 #: 183 MiB: 9.2 vs 8.4 ms), so the bar is set above the L3-resident sizes; hosts with
 #: idle cores can lower it with TESSERA_CPU_THREADS / this constant after measuring.
 BYTES_PER_THREAD = 16 * 1024 * 1024
+#: Each thread of an automatic call of a compute-bound kernel (``CpuKernel.macs``: the
+#: float GEMM and conv) must have at least this many multiply-adds. On the dev host a
+#: second thread costs 100-200 us (start, join, the idle core waking up, a copy of the
+#: packed operand): a float MatMul on 1 / 2 threads took 167 / 271 us at 8.4 M
+#: multiply-adds, 330 / 369 at 16.8 M, 612 / 551 at 33.6 M, 3.3 / 1.8-2.2 ms at 151 M.
+MACS_PER_THREAD = 1 << 25
 
 
 def _describe(a: np.ndarray) -> str:
@@ -59,12 +65,14 @@ def cpu_threads() -> int:
 
 def auto_threads(kernel: CpuKernel, limit: int) -> int:
     """Threads an automatic call of ``kernel`` uses with at most ``limit``: one per
-    ``BYTES_PER_THREAD`` the kernel moves (inputs plus outputs), at most its parallel
-    extent; 1 for serial kernels."""
+    ``BYTES_PER_THREAD`` the kernel moves (inputs plus outputs) or per
+    ``MACS_PER_THREAD`` multiply-adds it does, at most its parallel extent; 1 for
+    serial kernels."""
     if not kernel.parallel:
         return 1
     moved = sum(s.nbytes for s in (*kernel.inputs, *kernel.outputs))
-    return max(1, min(limit, kernel.parallel, moved // BYTES_PER_THREAD))
+    wanted = max(moved // BYTES_PER_THREAD, kernel.macs // MACS_PER_THREAD)
+    return max(1, min(limit, kernel.parallel, wanted))
 
 
 class LoadedKernel:

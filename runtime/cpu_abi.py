@@ -27,7 +27,8 @@ which splits the parallel loop into near-equal slices, runs slice 0 on the calli
 thread and the rest on threads made with ``pthread_create`` (libc, resolved by MCJIT in
 the process), and joins them before returning. There is no persistent pool: nothing to
 leak, to lock between Python threads, or to rebuild after ``fork``; the price is
-~50 us per call for thread start-up, so only large kernels use it (``tessera.runtime.cpu.auto_threads``).
+~50 us per call for thread start-up, so only large kernels use it
+(``tessera.runtime.cpu.auto_threads``).
 
 The layouts all this IR bakes in (pointer and ``Py_ssize_t`` sizes, where numpy's fields
 sit) are an :class:`Abi`: this process's (:data:`NATIVE`) for the JIT, another host's

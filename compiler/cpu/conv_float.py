@@ -31,9 +31,9 @@ import llvmlite.ir as ir
 from tessera.errors import CpuKernelError
 
 from . import irutil as U
-from .kernel import CpuKernel, TensorSpec, kernel_function, new_module
+from .kernel import CpuKernel, TensorSpec, kernel_function, new_module, range_function
 from .layout_ops import Scratch
-from .packed_gemm import PACKED_MIN_MACS, Pack, PackedGemm, emit_packed_gemm
+from .packed_gemm import PACKED_MIN_MACS, Pack, PackedGemm, Rows, emit_packed_gemm
 
 __all__ = ["build_conv_float", "build_conv_transpose_float", "conv_geometry",
            "conv_transpose_geometry", "conv_transpose_pads"]
@@ -121,18 +121,27 @@ def build_conv_float(x: TensorSpec, w: TensorSpec, bias: TensorSpec | None = Non
                      dilations: Sequence[int] | None = None, group: int = 1,
                      name: str = "conv") -> CpuKernel:
     """float32 ONNX Conv: ``x [N, C, *S]``, ``w [M, C/group, *K]``, optional ``bias
-    [M]``; ``pads`` are ONNX's (all begins, then all ends)."""
+    [M]``; ``pads`` are ONNX's (all begins, then all ends). A conv run as a GEMM has a
+    parallel form over its output channels (per group)."""
     geo = conv_geometry(x, w, bias, strides, pads, dilations, group)
     out = TensorSpec(geo.out_shape, "float32")
     inputs = (x, w) if bias is None else (x, w, bias)
     module = new_module(name)
     fn, b = kernel_function(module, "entry", inputs, (out,))
-    if out.size and _as_gemm(geo):
-        _emit_conv_gemm(b, geo, fn.args, bias is not None)
+    gemm = _conv_gemm(geo) if out.size and _as_gemm(geo) else None
+    if gemm is not None:
+        _emit_conv_gemm(b, geo, gemm, fn.args, bias is not None, None)
     elif out.size:
         _emit_conv(b, geo, fn.args, geo.work, bias is not None)
     b.ret_void()
-    return CpuKernel(name, str(module), "entry", inputs, (out,))
+    parallel = gemm.row_blocks if gemm is not None and gemm.row_blocks > 1 else 0
+    if parallel:
+        fn, b, begin, end = range_function(module, "entry", inputs, (out,))
+        _emit_conv_gemm(b, geo, gemm, fn.args, bias is not None, (begin, end))
+        b.ret_void()
+    macs = geo.n * geo.group * geo.mg * geo.cg * geo.taps * prod(geo.out)
+    return CpuKernel(name, str(module), "entry", inputs, (out,), parallel=parallel,
+                     macs=macs if gemm is not None else 0)
 
 
 #: Output channels per group from which a convolution runs as a packed GEMM (below,
@@ -145,16 +154,21 @@ def _as_gemm(geo: _Geometry) -> bool:
     return geo.mg >= _GEMM_MIN_CHANNELS and macs >= PACKED_MIN_MACS
 
 
-def _emit_conv_gemm(b: ir.IRBuilder, geo: _Geometry, args, has_bias: bool) -> None:
-    """Per image and group ``out[m, p] = sum_k w[m, k] * col[k, p]`` (``k = c *
-    taps + tap``, ``p`` the output pixel): a :class:`.packed_gemm.PackedGemm` whose packed
-    panels are gathered from the zero-padded image (implicit im2col, never stored
-    whole); then the bias."""
-    x, w, out = args[0], args[1], args[-1]
+def _conv_gemm(geo: _Geometry) -> PackedGemm:
+    """Per image and group ``out[m, p] = sum_k w[m, k] * col[k, p]`` (``k = c * taps +
+    tap``, ``p`` the output pixel)."""
+    depth, oplane = geo.cg * geo.taps, prod(geo.out)
+    return PackedGemm(geo.mg, oplane, depth, (depth, 1), (oplane, 1))
+
+
+def _emit_conv_gemm(b: ir.IRBuilder, geo: _Geometry, g: PackedGemm, args, has_bias: bool,
+                    blocks: Rows) -> None:
+    """The conv as GEMM ``g`` per image and group, whose packed panels are gathered
+    from the zero-padded image (implicit im2col, never stored whole), for the output
+    channels in ``blocks`` of each group (None: all); then their bias."""
+    x, w, out = args[0], args[1], args[3 if has_bias else 2]
     scratch = Scratch(b)
     pplane, oplane = prod(geo.work), prod(geo.out)
-    depth = geo.cg * geo.taps
-    g = PackedGemm(geo.mg, oplane, depth, (depth, 1), (oplane, 1))
     xp = scratch.alloc(U.F32, geo.c * pplane, name="xpad")
     U.fill(b, xp, geo.c * pplane, U.f32(0.0))
     panel = scratch.alloc(U.F32, g.panel_floats, name="panel")
@@ -162,18 +176,25 @@ def _emit_conv_gemm(b: ir.IRBuilder, geo: _Geometry, args, has_bias: bool) -> No
     with U.for_range(b, geo.n, name="img") as n:
         _copy_padded(b, x, b.mul(n, U.i64(geo.c * prod(geo.size))), xp, geo, geo.work)
         with U.for_range(b, geo.group, name="grp") as gi:
-            wg = U.element_ptr(b, w, b.mul(gi, U.i64(geo.mg * depth)))
-            obase = b.mul(b.add(b.mul(n, U.i64(geo.m)), b.mul(gi, U.i64(geo.mg))),
-                          U.i64(oplane))
+            wg = U.element_ptr(b, w, b.mul(gi, U.i64(geo.mg * g.depth)))
+            channel0 = b.mul(gi, U.i64(geo.mg))
+            og = U.element_ptr(b, out, b.mul(b.add(b.mul(n, U.i64(geo.m)), channel0),
+                                             U.i64(oplane)))
             pack = _im2col_pack(geo, xp, b.mul(gi, U.i64(geo.cg * pplane)), starts, g.panel)
-            emit_packed_gemm(b, g, wg, pack, U.element_ptr(b, out, obase), panel)
-    if has_bias:
-        with U.for_range(b, geo.n * geo.m, name="bc") as nm:
-            bias = U.load(b, args[2], b.urem(nm, U.i64(geo.m)))
-            with U.for_range(b, oplane, name="bp") as i:
-                o = b.add(b.mul(nm, U.i64(oplane)), i)
-                U.store(b, b.fadd(U.load(b, out, o), bias), out, o)
+            emit_packed_gemm(b, g, wg, pack, og, panel, blocks)
+            if has_bias:
+                _add_bias(b, args[2], channel0, og, g.row_span(b, blocks), oplane)
     scratch.release()
+
+
+def _add_bias(b: ir.IRBuilder, bias: ir.Value, channel0: ir.Value, out: ir.Value,
+              rows: tuple[ir.Value, ir.Value], plane: int) -> None:
+    """``out[r, :plane] += bias[channel0 + r]`` for ``r`` in ``rows``."""
+    with U.for_range(b, rows[1], start=rows[0], name="bc") as r:
+        value = U.load(b, bias, b.add(channel0, r))
+        with U.for_range(b, plane, name="bp") as i:
+            o = b.add(b.mul(r, U.i64(plane)), i)
+            U.store(b, b.fadd(U.load(b, out, o), value), out, o)
 
 
 def _im2col_pack(geo: _Geometry, xp: ir.Value, cbase: ir.Value, starts: ir.Value,

@@ -96,7 +96,10 @@ class CpuKernel:
     that extent (see the module docstring); 0 means serial only. ``variants``: the same
     kernel's IR tiled for other vector widths, ``(bits, ir)`` pairs (a board's 128-bit
     NEON, when ``ir`` was built for this host's AVX-512): what :meth:`ir_for` gives the
-    objects and JIT of a CPU with that width."""
+    objects and JIT of a CPU with that width. ``macs``: the multiply-adds of one call,
+    for kernels whose time is their arithmetic rather than their bytes (the float GEMM
+    and conv), so that the runtime gives them threads by work
+    (:func:`tessera.runtime.cpu.auto_threads`); 0 for the others."""
 
     name: str
     ir: str
@@ -105,6 +108,7 @@ class CpuKernel:
     outputs: tuple[TensorSpec, ...]
     parallel: int = 0
     variants: tuple[tuple[int, str], ...] = ()
+    macs: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(self.inputs))
@@ -112,6 +116,8 @@ class CpuKernel:
         if not isinstance(self.parallel, int) or self.parallel < 0:
             raise CpuKernelError(f"{self.name}: parallel extent must be an int >= 0, "
                                  f"not {self.parallel!r}")
+        if not isinstance(self.macs, int) or self.macs < 0:
+            raise CpuKernelError(f"{self.name}: macs must be an int >= 0, not {self.macs!r}")
 
     def ir_for(self, vector_bits: int) -> str:
         """The IR to compile for a CPU with ``vector_bits``-wide vectors: its variant, if
@@ -132,6 +138,7 @@ class CpuKernel:
             "inputs": [s.to_dict() for s in self.inputs],
             "outputs": [s.to_dict() for s in self.outputs],
             "parallel": self.parallel,
+            **({"macs": self.macs} if self.macs else {}),
             **({"variants": {str(bits): ir for bits, ir in self.variants}}
                if self.variants else {}),
         }
@@ -148,6 +155,7 @@ class CpuKernel:
                 # Records written before the parallel form existed have no such key.
                 parallel=d.get("parallel", 0),
                 variants=tuple((int(bits), ir) for bits, ir in d.get("variants", {}).items()),
+                macs=d.get("macs", 0),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise CpuKernelError(f"malformed CPU kernel record: {exc!r}") from exc

@@ -34,11 +34,11 @@ from tessera.errors import CpuKernelError
 
 from . import irutil as U
 from .irutil import F32
-from .kernel import CpuKernel, TensorSpec, kernel_function, new_module
+from .kernel import CpuKernel, TensorSpec, kernel_function, new_module, range_function
 from .layout_ops import Scratch
-from .packed_gemm import (PACKED_MIN_MACS, PackedGemm, declare, emit_packed_gemm,
-                          strided_pack)
-from .vector_width import host_vector_bits
+from .packed_gemm import (PACKED_MIN_MACS, ROW_BLOCK, PackedGemm, Rows, declare,
+                          emit_packed_gemm, share, strided_pack)
+from .vector_width import VECTOR_WIDTHS, building_for_vector_bits, host_vector_bits
 
 __all__ = ["build_einsum", "build_gemm", "build_matmul", "build_matmul_integer",
            "einsum_output_shape", "matmul_output_shape"]
@@ -105,15 +105,17 @@ def _matmul_kernel(name: str, a: TensorSpec, b: TensorSpec, acc: str,
     full = (*batch, m, n)
     sa = U.broadcast_strides(a2[:-2], batch) if batch else ()
     sb = U.broadcast_strides(b2[:-2], batch) if batch else ()
+    macs = prod(batch) * m * n * k if acc == "float32" else 0
     if acc == "float32" and _float_form(m, n, k, (k, 1), (n, 1)) == "packed":
         return _packed_kernel(name, (a, b), out, batch,
                               (tuple(s * m * k for s in sa), tuple(s * k * n for s in sb)),
-                              (m, n, k), (k, 1), (n, 1))
+                              (m, n, k), (k, 1), (n, 1),
+                              extent=_parallel_extent(m, n, k, (k, 1), (n, 1), {"packed"}))
     ops = [_Operand(0, (*(s * m * k for s in sa), k if m > 1 else 0, 0), (1,), a.dtype,
                     zero_points[0]),
            _Operand(1, (*(s * k * n for s in sb), 0, 1 if n > 1 else 0), (n,), b.dtype,
                     zero_points[1])]
-    return _contraction_kernel(name, (a, b), out, full, (k,), ops)
+    return _contraction_kernel(name, (a, b), out, full, (k,), ops, macs=macs)
 
 
 # ------------------------------------------------------------------------------ Gemm
@@ -138,14 +140,15 @@ def build_gemm(a: TensorSpec, b: TensorSpec, c: TensorSpec | None = None,
     inputs = (a, b) if c is None else (a, b, c)
     a_str, b_str = (1, m) if trans_a else (k, 1), (1, k) if trans_b else (n, 1)
     form = _float_form(m, n, k, a_str, b_str)
+    extent = _parallel_extent(m, n, k, a_str, b_str, {"packed", "dots"})
     if form == "packed":
         return _packed_kernel(name, inputs, out, (), ((), ()), (m, n, k), a_str, b_str,
-                              epilogue)
+                              epilogue, extent)
     if form == "dots":
-        return _dots_kernel(name, inputs, out, (m, n, k), epilogue)
+        return _dots_kernel(name, inputs, out, (m, n, k), epilogue, extent)
     ops = [_Operand(0, (1, 0) if trans_a else (k, 0), (m,) if trans_a else (1,)),
            _Operand(1, (0, k) if trans_b else (0, 1), (1,) if trans_b else (n,))]
-    return _contraction_kernel(name, inputs, out, (m, n), (k,), ops, epilogue)
+    return _contraction_kernel(name, inputs, out, (m, n), (k,), ops, epilogue, m * n * k)
 
 
 @dataclass(frozen=True)
@@ -157,9 +160,14 @@ class _GemmEpilogue:
     c_strides: tuple[int, int] | None
 
     def emit(self, b: ir.IRBuilder, args: Sequence[ir.Value], out: ir.Value,
-             shape: tuple[int, int]) -> None:
+             shape: tuple[int, int], spans: tuple[tuple[ir.Value, ir.Value], ...] | None
+             = None) -> None:
+        """On the ``[M, N]`` output ``out``, or its rows and columns in ``spans``
+        (``[start, stop)`` each)."""
         m, n = shape
-        with U.for_range(b, m, name="ei") as i, U.for_range(b, n, name="ej") as j:
+        (i0, i1), (j0, j1) = spans or ((0, m), (0, n))
+        with U.for_range(b, i1, start=i0, name="ei") as i, \
+                U.for_range(b, j1, start=j0, name="ej") as j:
             o = b.add(b.mul(i, U.i64(n)), j)
             v = U.load(b, out, o)
             if self.alpha != 1.0:
@@ -251,11 +259,12 @@ def build_einsum(equation: str, inputs: Sequence[TensorSpec],
 # ----------------------------------------------------------------------- the nest
 def _contraction_kernel(name: str, inputs: Sequence[TensorSpec], out: TensorSpec,
                         shape: Sequence[int], red_shape: Sequence[int],
-                        ops: Sequence[_Operand], epilogue: _GemmEpilogue | None = None
-                        ) -> CpuKernel:
+                        ops: Sequence[_Operand], epilogue: _GemmEpilogue | None = None,
+                        macs: int = 0) -> CpuKernel:
     """The kernel of ``out = sum over red_shape of the operands' product`` over the
     output index space ``shape`` (``out``'s shape, or the same elements with MatMul's
-    dropped 1-D axes kept)."""
+    dropped 1-D axes kept). ``macs``: :attr:`CpuKernel.macs` (a float MatMul's or
+    Gemm's, whatever form it takes at a vector width: the variants must agree)."""
     module = new_module(name)
     fn, b = kernel_function(module, "entry", inputs, (out,))
     args, dst = fn.args[:len(inputs)], fn.args[len(inputs)]
@@ -266,7 +275,7 @@ def _contraction_kernel(name: str, inputs: Sequence[TensorSpec], out: TensorSpec
     if epilogue is not None and out.size:
         epilogue.emit(b, args, dst, tuple(shape))
     b.ret_void()
-    return CpuKernel(name, str(module), "entry", tuple(inputs), (out,))
+    return CpuKernel(name, str(module), "entry", tuple(inputs), (out,), macs=macs)
 
 
 def _emit_contraction(b: ir.IRBuilder, args: Sequence[ir.Value], dst: ir.Value,
@@ -305,35 +314,81 @@ def _offset(b: ir.IRBuilder, idx: Sequence[ir.Value], strides: Sequence[int]) ->
 def _packed_kernel(name: str, inputs: Sequence[TensorSpec], out: TensorSpec,
                    batch: tuple[int, ...], batch_strides: tuple[tuple[int, ...], ...],
                    mnk: tuple[int, int, int], a_str: tuple[int, int],
-                   b_str: tuple[int, int], epilogue: _GemmEpilogue | None = None
-                   ) -> CpuKernel:
+                   b_str: tuple[int, int], epilogue: _GemmEpilogue | None = None,
+                   extent: int = 0) -> CpuKernel:
     """``out[batch] = A'[batch] @ B'[batch]`` by :func:`emit_packed_gemm`: ``A'[i, k]``
     at ``a_str = (i, k)`` element strides, ``B'[k, j]`` at ``b_str``; the batch index's
     strides in A and B in ``batch_strides``. The vector side (packed operand) is
-    :func:`_vector_side`'s."""
+    :func:`_vector_side`'s. With an ``extent`` (:func:`_parallel_extent`), the parallel
+    form splits the broadcast operand's rows in that many shares."""
     m, n, k = mnk
+    if _vector_side(m, n, a_str, b_str) == "n":
+        packed = _Packed(PackedGemm(m, n, k, a_str, (n, 1)), 0, b_str, batch, batch_strides,
+                         epilogue)
+    else:   # out.T = B'.T @ A'.T: B' broadcast, A' packed
+        packed = _Packed(PackedGemm(n, m, k, b_str[::-1], (1, n)), 1, a_str[::-1], batch,
+                         batch_strides, epilogue)
     module = new_module(name)
     fn, b = kernel_function(module, "entry", inputs, (out,))
-    a, bm, dst = fn.args[0], fn.args[1], fn.args[len(inputs)]
-    if _vector_side(m, n, a_str, b_str) == "n":
-        g = PackedGemm(m, n, k, a_str, (n, 1))
-        p_arg, q_arg, q_str = 0, 1, b_str
-    else:   # out.T = B'.T @ A'.T: B' broadcast, A' packed
-        g = PackedGemm(n, m, k, b_str[::-1], (1, n))
-        p_arg, q_arg, q_str = 1, 0, a_str[::-1]
-    scratch = Scratch(b)
-    panel = scratch.alloc(F32, g.panel_floats, name="panel")
-    with U.nested_range(b, batch, name="bt") as idx:
-        offs = [_offset(b, idx, s) for s in batch_strides]
-        ptrs = [U.element_ptr(b, ptr, off) for ptr, off in zip((a, bm), offs)]
-        o = U.element_ptr(b, dst, _offset(b, idx, U.c_strides((*batch, m * n))[:-1]))
-        emit_packed_gemm(b, g, ptrs[p_arg], strided_pack(ptrs[q_arg], q_str, g.panel),
-                         o, panel)
-    scratch.release()
-    if epilogue is not None:
-        epilogue.emit(b, fn.args, dst, (m, n))
-    b.ret_void()
-    return CpuKernel(name, str(module), "entry", tuple(inputs), (out,))
+    packed.emit(b, fn.args[:len(inputs)], fn.args[len(inputs)], None)
+    if extent:
+        fn, b, begin, end = range_function(module, "entry", inputs, (out,))
+        packed.emit(b, fn.args[:len(inputs)], fn.args[len(inputs)],
+                    share(b, (begin, end), extent, packed.g.row_blocks))
+    return CpuKernel(name, str(module), "entry", tuple(inputs), (out,), parallel=extent,
+                     macs=prod(batch) * m * n * k)
+
+
+@dataclass(frozen=True)
+class _Packed:
+    """What :func:`_packed_kernel` emits: GEMM ``g`` with argument ``p_arg`` (0: A, 1: B)
+    broadcast and the other packed (read at ``q_str``), per batch index."""
+
+    g: PackedGemm
+    p_arg: int
+    q_str: tuple[int, int]
+    batch: tuple[int, ...]
+    batch_strides: tuple[tuple[int, ...], ...]
+    epilogue: _GemmEpilogue | None
+
+    def emit(self, b: ir.IRBuilder, args: Sequence[ir.Value], dst: ir.Value,
+             blocks: Rows) -> None:
+        """The function's body for the rows of P in ``blocks`` (None: all)."""
+        g = self.g
+        scratch = Scratch(b)
+        panel = scratch.alloc(F32, g.panel_floats, name="panel")
+        mn = g.rows * g.cols
+        with U.nested_range(b, self.batch, name="bt") as idx:
+            offs = [_offset(b, idx, s) for s in self.batch_strides]
+            ptrs = [U.element_ptr(b, ptr, off) for ptr, off in zip(args[:2], offs)]
+            o = U.element_ptr(b, dst, _offset(b, idx, U.c_strides((*self.batch, mn))[:-1]))
+            emit_packed_gemm(b, g, ptrs[self.p_arg],
+                             strided_pack(ptrs[1 - self.p_arg], self.q_str, g.panel), o,
+                             panel, blocks)
+        scratch.release()
+        if self.epilogue is not None:
+            spans = None
+            if blocks is not None:   # P's rows are the output's rows, or (A packed) columns
+                rows, every = g.row_span(b, blocks), (U.i64(0), U.i64(g.cols))
+                spans = (rows, every) if self.p_arg == 0 else (every, rows)
+            shape = (g.rows, g.cols) if self.p_arg == 0 else (g.cols, g.rows)
+            self.epilogue.emit(b, args, dst, shape, spans)
+        b.ret_void()
+
+
+def _parallel_extent(m: int, n: int, k: int, a_str: tuple[int, int],
+                     b_str: tuple[int, int], forms: set[str]) -> int:
+    """The parallel extent of a float product's kernel: the larger of M and N in
+    :data:`.packed_gemm.ROW_BLOCK`s, if :func:`_float_form` picks one of ``forms`` (those
+    with a parallel form) at every vector width, else 0. (Which form runs, and which
+    operand a packed one packs, depends on the width; one kernel's variants must split
+    alike, each mapping the shares onto its own loop, :func:`.packed_gemm.share`.)"""
+    extent = -(-max(m, n) // ROW_BLOCK)
+    for bits in VECTOR_WIDTHS:
+        with building_for_vector_bits(bits):
+            if _float_form(m, n, k, a_str, b_str) not in forms:
+                return 0
+    return extent if extent > 1 else 0
 
 
 def _float_form(m: int, n: int, k: int, a_str: tuple[int, int],
@@ -375,34 +430,62 @@ _DOT_TILE = (4, 4)
 
 
 def _dots_kernel(name: str, inputs: Sequence[TensorSpec], out: TensorSpec,
-                 mnk: tuple[int, int, int], epilogue: _GemmEpilogue | None) -> CpuKernel:
+                 mnk: tuple[int, int, int], epilogue: _GemmEpilogue | None,
+                 extent: int = 0) -> CpuKernel:
     """``out[i, j] = dot(A[i, :], B[j, :])`` for ``A [M, K]`` and ``B [N, K]`` (Gemm
     with transB): tiles of :data:`_DOT_TILE` rows of each, a vector accumulator per
-    pair running along k, summed across its lanes at the end; no operand is copied."""
+    pair running along k, summed across its lanes at the end; no operand is copied.
+    With an ``extent``, the parallel form splits B's rows (the output's columns) in
+    that many shares."""
     m, n, k = mnk
     module = new_module(name)
     fn, b = kernel_function(module, "entry", inputs, (out,))
+    _emit_dots(b, fn.args[:len(inputs) + 1], mnk, epilogue, None)
+    if extent:
+        fn, b, begin, end = range_function(module, "entry", inputs, (out,))
+        groups = -(-n // _DOT_TILE[1])
+        _emit_dots(b, fn.args[:len(inputs) + 1], mnk, epilogue,
+                   share(b, (begin, end), extent, groups))
+    return CpuKernel(name, str(module), "entry", tuple(inputs), (out,), parallel=extent,
+                     macs=m * n * k)
+
+
+def _emit_dots(b: ir.IRBuilder, args: Sequence[ir.Value], mnk: tuple[int, int, int],
+               epilogue: _GemmEpilogue | None, blocks: Rows) -> None:
+    """The body of :func:`_dots_kernel` for the groups of B's rows in ``blocks``
+    (None: all); ``args`` are the inputs then the output."""
+    m, n, _ = mnk
     ri, rj = _DOT_TILE
     (gi, rest_i), (gj, rest_j) = divmod(m, ri), divmod(n, rj)
+    lo, hi = blocks or (U.i64(0), U.i64(gj))
+    if blocks is not None:
+        hi = b.select(b.icmp_unsigned("<", hi, U.i64(gj)), hi, U.i64(gj))
 
     def b_rows(j0: ir.Value, nj: int) -> None:
         """Every row of A (the small operand, which stays in cache) against these rows
         of B, so B is read from memory once."""
         if gi:
             with U.for_range(b, gi, name="ig") as ig:
-                _emit_dot_tile(b, fn.args, (b.mul(ig, U.i64(ri)), j0), (ri, nj), mnk)
+                _emit_dot_tile(b, args, (b.mul(ig, U.i64(ri)), j0), (ri, nj), mnk)
         if rest_i:
-            _emit_dot_tile(b, fn.args, (U.i64(gi * ri), j0), (rest_i, nj), mnk)
+            _emit_dot_tile(b, args, (U.i64(gi * ri), j0), (rest_i, nj), mnk)
 
     if gj:
-        with U.for_range(b, gj, name="jg") as jg:
+        with U.for_range(b, hi, start=lo, name="jg") as jg:
             b_rows(b.mul(jg, U.i64(rj)), rj)
-    if rest_j:
+    if rest_j and blocks is None:
         b_rows(U.i64(gj * rj), rest_j)
+    elif rest_j:
+        with b.if_then(b.icmp_unsigned("==", blocks[1], U.i64(gj + 1))):
+            b_rows(U.i64(gj * rj), rest_j)
     if epilogue is not None:
-        epilogue.emit(b, fn.args, fn.args[len(inputs)], (m, n))
+        spans = None
+        if blocks is not None:
+            j1 = b.mul(blocks[1], U.i64(rj))
+            spans = ((U.i64(0), U.i64(m)), (b.mul(blocks[0], U.i64(rj)),
+                     b.select(b.icmp_unsigned("<", j1, U.i64(n)), j1, U.i64(n))))
+        epilogue.emit(b, args, args[-1], (m, n), spans)
     b.ret_void()
-    return CpuKernel(name, str(module), "entry", tuple(inputs), (out,))
 
 
 def _emit_dot_tile(b: ir.IRBuilder, args, at: tuple[ir.Value, ir.Value],

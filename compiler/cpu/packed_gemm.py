@@ -9,10 +9,16 @@ conv's gather from the padded image), and a register tile of 6 rows x 4 vectors
 accumulates broadcast P elements times panel vectors with ``llvm.fmuladd`` on generic
 vectors (fused where the target has FMA, a multiply and an add elsewhere), P read in
 place. Sums over k are added block by block into the output.
+
+The parallel form splits P's rows into blocks of :data:`ROW_BLOCK` (a whole number of
+register tiles at every vector width, so one split serves each width's IR variant);
+each range packs Q's panels itself (a copy of Q per thread, against its share of the
+multiply-adds: ~1% for the benchmark's conv and GEMM) and writes only its rows.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import lcm
 from typing import Callable
 
 import llvmlite.ir as ir
@@ -21,8 +27,8 @@ from . import irutil as U
 from .irutil import F32
 from .vector_width import VECTOR_WIDTHS, host_vector_bits
 
-__all__ = ["DEPTH_BLOCK", "PACKED_MIN_MACS", "Pack", "PackedGemm", "declare",
-           "emit_packed_gemm", "strided_pack"]
+__all__ = ["DEPTH_BLOCK", "PACKED_MIN_MACS", "ROW_BLOCK", "Pack", "PackedGemm", "Rows",
+           "declare", "emit_packed_gemm", "share", "strided_pack"]
 
 
 #: Register tile of :func:`emit_packed_gemm` by the host's vector bits: (rows of P
@@ -30,6 +36,8 @@ __all__ = ["DEPTH_BLOCK", "PACKED_MIN_MACS", "Pack", "PackedGemm", "declare",
 #: broadcast in its 32 registers (BLIS's shape); AVX2 and 128-bit NEON have 16.
 _TILES = {512: (6, 4), 256: (6, 2), 128: (4, 2)}
 assert set(_TILES) == set(VECTOR_WIDTHS), "a register tile per vector width"
+#: Rows of P per unit of the parallel form's range: whole register tiles at every width.
+ROW_BLOCK = lcm(*(rows for rows, _ in _TILES.values()))
 #: Values of k packed at a time: a panel block of up to 1024 x 64 floats (256 KiB) stays
 #: in L2. Each block is one more pass over P, so blocks are few: on the Zen 5 dev host
 #: 64x768 @ 768x3072 ran at 90 GFLOP/s in one block, 35 in blocks of 256 and 19 in
@@ -42,6 +50,9 @@ PACKED_MIN_MACS = 1 << 15
 #: jj]`` for ``kk < depth`` and ``jj < cols`` and zeroes ``cols <= jj < V`` (``V`` the
 #: panel width; ``j0`` and ``k0`` i64 values).
 Pack = Callable[[ir.IRBuilder, ir.Value, ir.Value, int, ir.Value, int], None]
+#: ``[begin, end)`` of P's row blocks (i64 values, the parallel form's range), or None
+#: for all of them.
+Rows = tuple[ir.Value, ir.Value] | None
 
 
 @dataclass(frozen=True)
@@ -80,13 +91,27 @@ class PackedGemm:
     def panel_floats(self) -> int:
         return self.depth_block * self.panel
 
+    @property
+    def row_blocks(self) -> int:
+        """Blocks of :data:`ROW_BLOCK` rows of P: the extent of the parallel form."""
+        return -(-self.rows // ROW_BLOCK)
+
+    def row_span(self, b: ir.IRBuilder, blocks: Rows) -> tuple[ir.Value, ir.Value]:
+        """First row of P in ``blocks`` and the row after its last."""
+        if blocks is None:
+            return U.i64(0), U.i64(self.rows)
+        end = b.mul(blocks[1], U.i64(ROW_BLOCK))
+        return (b.mul(blocks[0], U.i64(ROW_BLOCK)),
+                b.select(b.icmp_unsigned("<", end, U.i64(self.rows)), end,
+                         U.i64(self.rows)))
+
 
 def emit_packed_gemm(b: ir.IRBuilder, g: PackedGemm, p: ir.Value, pack: Pack,
-                     out: ir.Value, panel: ir.Value) -> None:
+                     out: ir.Value, panel: ir.Value, blocks: Rows = None) -> None:
     """The loops of ``g`` (``p`` and ``out`` point at element 0 of P and the output;
     ``panel`` at :meth:`PackedGemm.panel_floats` of scratch, allocated by the caller
     outside its loops): per panel of Q and block of k, pack it, then run the register
-    tile over every row group of P, adding to the previous blocks' sums."""
+    tile over every row group of P in ``blocks``, adding to the previous blocks' sums."""
     width, kc = g.panel, g.depth_block
     full, tail = divmod(g.cols, width)
     full_k, tail_k = divmod(g.depth, kc)
@@ -95,14 +120,7 @@ def emit_packed_gemm(b: ir.IRBuilder, g: PackedGemm, p: ir.Value, pack: Pack,
         pack(b, panel, j0, cols, k0, depth)
         first = b.icmp_signed("==", k0, U.i64(0))
         pk = U.element_ptr(b, p, b.mul(k0, U.i64(g.p_strides[1])))
-        rows = g.tile[0]
-        groups, rest = divmod(g.rows, rows)
-        tile = _Tile(g, pk, panel, out, j0, cols, depth, first)
-        if groups:
-            with U.for_range(b, groups, name="ib") as ib:
-                tile.emit(b, b.mul(ib, U.i64(rows)), rows)
-        if rest:
-            tile.emit(b, U.i64(groups * rows), rest)
+        _emit_row_groups(b, g, _Tile(g, pk, panel, out, j0, cols, depth, first), blocks)
 
     def one_panel(j0: ir.Value, cols: int) -> None:
         if full_k:
@@ -116,6 +134,28 @@ def emit_packed_gemm(b: ir.IRBuilder, g: PackedGemm, p: ir.Value, pack: Pack,
             one_panel(b.mul(jp, U.i64(width)), width)
     if tail:
         one_panel(U.i64(full * width), tail)
+
+
+def _emit_row_groups(b: ir.IRBuilder, g: PackedGemm, tile: "_Tile", blocks: Rows) -> None:
+    """``tile`` over the groups of ``g.tile[0]`` rows in ``blocks``: the full groups,
+    then the partial last one if ``blocks`` reaches the end."""
+    rows = g.tile[0]
+    groups, rest = divmod(g.rows, rows)
+    lo, hi = U.i64(0), U.i64(groups)
+    if blocks is not None:
+        per = ROW_BLOCK // rows
+        lo, hi = b.mul(blocks[0], U.i64(per)), b.mul(blocks[1], U.i64(per))
+        hi = b.select(b.icmp_unsigned("<", hi, U.i64(groups)), hi, U.i64(groups))
+    if groups:
+        with U.for_range(b, hi, start=lo, name="ib") as ib:
+            tile.emit(b, b.mul(ib, U.i64(rows)), rows)
+    if not rest:
+        return
+    if blocks is None:
+        tile.emit(b, U.i64(groups * rows), rest)
+        return
+    with b.if_then(b.icmp_unsigned("==", blocks[1], U.i64(g.row_blocks))):
+        tile.emit(b, U.i64(groups * rows), rest)
 
 
 @dataclass(frozen=True)
@@ -185,6 +225,16 @@ def _store_tile(b: ir.IRBuilder, g: PackedGemm, out: ir.Value, accs, i0: ir.Valu
                 ptr = U.element_ptr(b, out, b.add(row, U.i64((v * lanes + lane) * cj)))
                 value = b.extract_element(acc, ir.Constant(U.I32, lane))
                 b.store(b.select(first, value, b.fadd(b.load(ptr), value)), ptr)
+
+
+def share(b: ir.IRBuilder, span: tuple[ir.Value, ir.Value], extent: int, units: int) -> Rows:
+    """``span``, a ``[begin, end)`` of a parallel range of ``extent``, as the same share
+    of ``units`` row blocks: ``x * units // extent`` at both ends, so consecutive spans
+    map to consecutive ones that together cover every block once. (For a parallel
+    extent that must not depend on the vector width when ``units`` does.)"""
+    if extent == units:
+        return span
+    return tuple(b.udiv(b.mul(x, U.i64(units)), U.i64(extent)) for x in span)
 
 
 def strided_pack(src: ir.Value, strides: tuple[int, int], width: int) -> Pack:

@@ -52,7 +52,9 @@ def test_semantics_hardware_and_assembly(leaky):
     assert parse_program(format_program(program)) == program
 
 
-@pytest.mark.parametrize("backend", ["sim", "rtl"])
+# rtl builds a Verilator model of its own (the plug-in changes the ALU: ~80 s), so it
+# runs in the slow step.
+@pytest.mark.parametrize("backend", ["sim", pytest.param("rtl", marks=pytest.mark.slow)])
 def test_leaky_program_on_the_simulator_and_the_rtl(leaky, backend):
     a = np.arange(-128, 128).reshape(-1, 1, 4)
     operand = leaky_intrinsic.pack(-7, 77)

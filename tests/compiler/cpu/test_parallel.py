@@ -6,10 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tessera.compiler.cpu.conv_float import build_conv_float
 from tessera.compiler.cpu.elementwise import E, fused_elementwise
 from tessera.compiler.cpu.kernel import CpuKernel, TensorSpec
 from tessera.compiler.cpu.layout_ops import build_concat, build_pad, build_transpose
+from tessera.compiler.cpu.matmul import build_gemm, build_matmul
+from tessera.compiler.cpu.packed_gemm import ROW_BLOCK
 from tessera.compiler.cpu.reduce import reduce_sum
+from tessera.compiler.cpu.vector_width import VECTOR_WIDTHS, building_for_vector_bits
 from tessera.errors import CpuKernelError
 from tessera.runtime import cpu
 from tessera.runtime.cpu import auto_threads, cpu_threads, load_kernel
@@ -116,6 +120,100 @@ def test_out_arrays_and_parallel():
     np.testing.assert_array_equal(out, x * 2)
 
 
+# --- the packed float GEMM: MatMul, Gemm, Conv ----------------------------------------
+
+def _f32(*shape):
+    return _data(shape, "float32")
+
+
+def _spec(a: np.ndarray) -> TensorSpec:
+    return TensorSpec(a.shape, a.dtype.name)
+
+
+# (m, k, n): both packed sides, row counts off the tile and block sizes, a B' of fewer
+# columns than a panel (A packed at some widths, B at others).
+@pytest.mark.parametrize("mkn", [(100, 40, 50), (29, 64, 130), (13, 33, 200), (70, 9, 70)])
+@pytest.mark.parametrize("bits", VECTOR_WIDTHS)
+def test_matmul_splits_bit_identically_at_every_width(mkn, bits):
+    m, k, n = mkn
+    a, b = _f32(m, k), _f32(k, n)
+    with building_for_vector_bits(bits):
+        kern = build_matmul(_spec(a), _spec(b))
+    # The extent must not depend on the width (one per kernel, whatever variant runs).
+    assert kern.parallel == -(-max(m, n) // ROW_BLOCK)
+    assert kern.macs == m * k * n
+    _same_all_threads(kern, a, b)
+    np.testing.assert_allclose(load_kernel(kern)(a, b, threads=3)[0], a @ b,
+                               rtol=1e-5, atol=1e-4)
+
+
+def test_batched_matmul_splits_each_product():
+    a, b = _f32(3, 1, 26, 40), _f32(2, 40, 90)
+    kern = build_matmul(_spec(a), _spec(b))
+    assert kern.parallel == 8 and kern.macs == 6 * 26 * 40 * 90
+    _same_all_threads(kern, a, b)
+    np.testing.assert_allclose(load_kernel(kern)(a, b, threads=2)[0], a @ b,
+                               rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_gemm_epilogue_covers_only_its_slice(trans_b):
+    """alpha and a broadcast C are applied once per element whichever operand is packed
+    (x @ W.T packs x: the slices are the output's columns)."""
+    a, w, c = _f32(70, 48), _f32(130, 48), _f32(130)
+    b = w if trans_b else np.ascontiguousarray(w.T)
+    kern = build_gemm(_spec(a), _spec(b), _spec(c), trans_b=trans_b, alpha=0.5, beta=2.0)
+    assert kern.parallel > 1
+    _same_all_threads(kern, a, b, c)
+    np.testing.assert_allclose(load_kernel(kern)(a, b, c, threads=4)[0],
+                               0.5 * (a @ w.T) + 2.0 * c, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("m", [5, 16, 40])
+@pytest.mark.parametrize("bits", VECTOR_WIDTHS)
+def test_dot_product_gemm_splits_like_the_packed_one(m, bits):
+    """x @ W.T with few rows runs as dot products at some widths and packed at others
+    (16 rows: dots at 512 bits, packed below); every variant splits the same extent."""
+    a, w, c = _f32(m, 64), _f32(150, 64), _f32(150)
+    with building_for_vector_bits(bits):
+        kern = build_gemm(_spec(a), _spec(w), _spec(c), trans_b=True, alpha=1.5)
+    assert kern.parallel == -(-150 // ROW_BLOCK) and kern.macs == m * 64 * 150
+    _same_all_threads(kern, a, w, c)
+    np.testing.assert_allclose(load_kernel(kern)(a, w, c, threads=2)[0],
+                               1.5 * (a @ w.T) + c, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("m", [3, 5])
+def test_products_that_stay_in_the_loop_nest_at_some_width_are_serial(m):
+    """A few rows times a B contiguous along j: the loop nest (no parallel form) at
+    some width, so no width's kernel splits; the work is still counted alike."""
+    a, b = TensorSpec((m, 300), "float32"), TensorSpec((300, 200), "float32")
+    for bits in VECTOR_WIDTHS:
+        with building_for_vector_bits(bits):
+            kern = build_gemm(a, b)
+        assert (kern.parallel, kern.macs) == (0, m * 300 * 200)
+
+
+@pytest.mark.parametrize("group,bias", [(1, True), (2, True), (1, False)])
+def test_conv_gemm_splits_output_channels(group, bias):
+    x, w = _f32(2, 16, 9, 9), _f32(40, 16 // group, 3, 3)
+    b = _f32(40)
+    specs = [_spec(x), _spec(w)] + ([_spec(b)] if bias else [])
+    kern = build_conv_float(*specs, pads=[1, 1, 1, 1], group=group)
+    assert kern.parallel == -(-(40 // group) // ROW_BLOCK)
+    assert kern.macs == 2 * 40 * (16 // group) * 9 * 81
+    arrays = (x, w, b) if bias else (x, w)
+    _same_all_threads(kern, *arrays)
+    serial = load_kernel(kern)(*arrays, threads=1)[0]
+    np.testing.assert_array_equal(load_kernel(kern)(*arrays, threads=2)[0], serial)
+
+
+def test_small_convs_stay_serial():
+    kern = build_conv_float(TensorSpec((1, 4, 5, 5), "float32"),
+                            TensorSpec((4, 4, 3, 3), "float32"))
+    assert (kern.parallel, kern.macs) == (0, 0)     # the loop nest, not the GEMM
+
+
 # --- thread count and threshold ----------------------------------------------------
 
 def test_env_var_sets_thread_count(monkeypatch):
@@ -147,6 +245,21 @@ def test_threshold_is_respected(monkeypatch):
     tiny = fused_elementwise(E.input(0) + 1.0, [TensorSpec((3,), "float32")])
     assert auto_threads(tiny, 8) == 3       # never more than the parallel extent
     assert auto_threads(reduce_sum(TensorSpec((64, 64), "float32"), (1,)), 8) == 1
+
+
+def test_compute_bound_kernels_get_threads_by_multiply_adds(monkeypatch):
+    per = cpu.MACS_PER_THREAD
+    a, b = TensorSpec((64, 768), "float32"), TensorSpec((768, 3072), "float32")
+    big = build_matmul(a, b)
+    assert big.macs >= 2 * per      # the benchmark's GEMM gets a second thread here
+    moved = sum(s.nbytes for s in (*big.inputs, *big.outputs))
+    assert moved < cpu.BYTES_PER_THREAD       # ... by its work, not its bytes
+    assert auto_threads(big, 8) == min(big.macs // per, big.parallel, 8)
+    assert auto_threads(big, 1) == 1
+    small = build_matmul(TensorSpec((64, 64), "float32"), TensorSpec((64, 64), "float32"))
+    assert small.macs < per and auto_threads(small, 8) == 1
+    monkeypatch.setattr(cpu, "MACS_PER_THREAD", small.macs // 3)
+    assert auto_threads(small, 8) == 3
 
 
 def test_threads_one_turns_the_parallel_path_off(monkeypatch):
@@ -185,3 +298,13 @@ def test_old_records_without_parallel_load_serial():
 def test_bad_parallel_extent_is_rejected():
     with pytest.raises(CpuKernelError, match="parallel extent"):
         CpuKernel("k", "", "entry", (), (), parallel=-1)
+    with pytest.raises(CpuKernelError, match="macs"):
+        CpuKernel("k", "", "entry", (), (), macs=-1)
+
+
+def test_macs_round_trip_and_default_to_zero():
+    k = build_matmul(TensorSpec((40, 30), "float32"), TensorSpec((30, 50), "float32"))
+    d = k.to_dict()
+    assert d["macs"] == 40 * 30 * 50 and CpuKernel.from_dict(d) == k
+    del d["macs"]                    # a record from before the field
+    assert CpuKernel.from_dict(d).macs == 0
