@@ -37,7 +37,7 @@ from .irutil import F32
 from .kernel import CpuKernel, TensorSpec, kernel_function, new_module, range_function
 from .layout_ops import Scratch
 from .packed_gemm import (PACKED_MIN_MACS, ROW_BLOCK, PackedGemm, Rows, declare,
-                          emit_packed_gemm, share, strided_pack)
+                          emit_groups, emit_packed_gemm, item_span, share, strided_pack)
 from .vector_width import VECTOR_WIDTHS, building_for_vector_bits, host_vector_bits
 
 __all__ = ["build_einsum", "build_gemm", "build_matmul", "build_matmul_integer",
@@ -456,10 +456,7 @@ def _emit_dots(b: ir.IRBuilder, args: Sequence[ir.Value], mnk: tuple[int, int, i
     (None: all); ``args`` are the inputs then the output."""
     m, n, _ = mnk
     ri, rj = _DOT_TILE
-    (gi, rest_i), (gj, rest_j) = divmod(m, ri), divmod(n, rj)
-    lo, hi = blocks or (U.i64(0), U.i64(gj))
-    if blocks is not None:
-        hi = b.select(b.icmp_unsigned("<", hi, U.i64(gj)), hi, U.i64(gj))
+    gi, rest_i = divmod(m, ri)
 
     def b_rows(j0: ir.Value, nj: int) -> None:
         """Every row of A (the small operand, which stays in cache) against these rows
@@ -470,20 +467,11 @@ def _emit_dots(b: ir.IRBuilder, args: Sequence[ir.Value], mnk: tuple[int, int, i
         if rest_i:
             _emit_dot_tile(b, args, (U.i64(gi * ri), j0), (rest_i, nj), mnk)
 
-    if gj:
-        with U.for_range(b, hi, start=lo, name="jg") as jg:
-            b_rows(b.mul(jg, U.i64(rj)), rj)
-    if rest_j and blocks is None:
-        b_rows(U.i64(gj * rj), rest_j)
-    elif rest_j:
-        with b.if_then(b.icmp_unsigned("==", blocks[1], U.i64(gj + 1))):
-            b_rows(U.i64(gj * rj), rest_j)
+    emit_groups(b, n // rj, rj, n % rj, blocks, 1, b_rows, "jg")
     if epilogue is not None:
         spans = None
         if blocks is not None:
-            j1 = b.mul(blocks[1], U.i64(rj))
-            spans = ((U.i64(0), U.i64(m)), (b.mul(blocks[0], U.i64(rj)),
-                     b.select(b.icmp_unsigned("<", j1, U.i64(n)), j1, U.i64(n))))
+            spans = ((U.i64(0), U.i64(m)), item_span(b, blocks, rj, n))
         epilogue.emit(b, args, args[-1], (m, n), spans)
     b.ret_void()
 

@@ -28,7 +28,8 @@ from .irutil import F32
 from .vector_width import VECTOR_WIDTHS, host_vector_bits
 
 __all__ = ["DEPTH_BLOCK", "PACKED_MIN_MACS", "ROW_BLOCK", "Pack", "PackedGemm", "Rows",
-           "declare", "emit_packed_gemm", "share", "strided_pack"]
+           "declare", "emit_groups", "emit_packed_gemm", "item_span", "share",
+           "strided_pack"]
 
 
 #: Register tile of :func:`emit_packed_gemm` by the host's vector bits: (rows of P
@@ -98,12 +99,18 @@ class PackedGemm:
 
     def row_span(self, b: ir.IRBuilder, blocks: Rows) -> tuple[ir.Value, ir.Value]:
         """First row of P in ``blocks`` and the row after its last."""
-        if blocks is None:
-            return U.i64(0), U.i64(self.rows)
-        end = b.mul(blocks[1], U.i64(ROW_BLOCK))
-        return (b.mul(blocks[0], U.i64(ROW_BLOCK)),
-                b.select(b.icmp_unsigned("<", end, U.i64(self.rows)), end,
-                         U.i64(self.rows)))
+        return item_span(b, blocks, ROW_BLOCK, self.rows)
+
+
+def item_span(b: ir.IRBuilder, blocks: Rows, unit: int, total: int
+              ) -> tuple[ir.Value, ir.Value]:
+    """``[start, stop)`` of the items in ``blocks`` (None: all ``total``) of ``unit``
+    items each, the last one possibly short."""
+    if blocks is None:
+        return U.i64(0), U.i64(total)
+    end = b.mul(blocks[1], U.i64(unit))
+    return (b.mul(blocks[0], U.i64(unit)),
+            b.select(b.icmp_unsigned("<", end, U.i64(total)), end, U.i64(total)))
 
 
 def emit_packed_gemm(b: ir.IRBuilder, g: PackedGemm, p: ir.Value, pack: Pack,
@@ -120,7 +127,10 @@ def emit_packed_gemm(b: ir.IRBuilder, g: PackedGemm, p: ir.Value, pack: Pack,
         pack(b, panel, j0, cols, k0, depth)
         first = b.icmp_signed("==", k0, U.i64(0))
         pk = U.element_ptr(b, p, b.mul(k0, U.i64(g.p_strides[1])))
-        _emit_row_groups(b, g, _Tile(g, pk, panel, out, j0, cols, depth, first), blocks)
+        tile = _Tile(g, pk, panel, out, j0, cols, depth, first)
+        rows = g.tile[0]
+        emit_groups(b, g.rows // rows, rows, g.rows % rows, blocks, ROW_BLOCK // rows,
+                    lambda i0, n: tile.emit(b, i0, n), "ib")
 
     def one_panel(j0: ir.Value, cols: int) -> None:
         if full_k:
@@ -136,26 +146,27 @@ def emit_packed_gemm(b: ir.IRBuilder, g: PackedGemm, p: ir.Value, pack: Pack,
         one_panel(U.i64(full * width), tail)
 
 
-def _emit_row_groups(b: ir.IRBuilder, g: PackedGemm, tile: "_Tile", blocks: Rows) -> None:
-    """``tile`` over the groups of ``g.tile[0]`` rows in ``blocks``: the full groups,
-    then the partial last one if ``blocks`` reaches the end."""
-    rows = g.tile[0]
-    groups, rest = divmod(g.rows, rows)
-    lo, hi = U.i64(0), U.i64(groups)
+def emit_groups(b: ir.IRBuilder, count: int, size: int, rest: int, blocks: Rows,
+                per: int, body: Callable[[ir.Value, int], None], name: str) -> None:
+    """``body(start, n)`` for ``count`` groups of ``size`` items then one of ``rest``
+    items (if any), of those in ``blocks``: ``[begin, end)`` in units of ``per`` groups,
+    the last unit holding the partial group (None: all of them). The register tile's
+    row groups here, the dot products' groups of B rows in :mod:`.matmul`."""
+    lo, hi = U.i64(0), U.i64(count)
     if blocks is not None:
-        per = ROW_BLOCK // rows
         lo, hi = b.mul(blocks[0], U.i64(per)), b.mul(blocks[1], U.i64(per))
-        hi = b.select(b.icmp_unsigned("<", hi, U.i64(groups)), hi, U.i64(groups))
-    if groups:
-        with U.for_range(b, hi, start=lo, name="ib") as ib:
-            tile.emit(b, b.mul(ib, U.i64(rows)), rows)
+        hi = b.select(b.icmp_unsigned("<", hi, U.i64(count)), hi, U.i64(count))
+    if count:
+        with U.for_range(b, hi, start=lo, name=name) as i:
+            body(b.mul(i, U.i64(size)), size)
     if not rest:
         return
     if blocks is None:
-        tile.emit(b, U.i64(groups * rows), rest)
+        body(U.i64(count * size), rest)
         return
-    with b.if_then(b.icmp_unsigned("==", blocks[1], U.i64(g.row_blocks))):
-        tile.emit(b, U.i64(groups * rows), rest)
+    units = -(-(count * size + rest) // (per * size))
+    with b.if_then(b.icmp_unsigned("==", blocks[1], U.i64(units))):
+        body(U.i64(count * size), rest)
 
 
 @dataclass(frozen=True)
@@ -229,9 +240,9 @@ def _store_tile(b: ir.IRBuilder, g: PackedGemm, out: ir.Value, accs, i0: ir.Valu
 
 def share(b: ir.IRBuilder, span: tuple[ir.Value, ir.Value], extent: int, units: int) -> Rows:
     """``span``, a ``[begin, end)`` of a parallel range of ``extent``, as the same share
-    of ``units`` row blocks: ``x * units // extent`` at both ends, so consecutive spans
-    map to consecutive ones that together cover every block once. (For a parallel
-    extent that must not depend on the vector width when ``units`` does.)"""
+    of ``units`` (row blocks, groups of rows): ``x * units // extent`` at both ends, so
+    consecutive spans map to consecutive ones that together cover every unit once. (For
+    a parallel extent that must not depend on the vector width when ``units`` does.)"""
     if extent == units:
         return span
     return tuple(b.udiv(b.mul(x, U.i64(units)), U.i64(extent)) for x in span)
