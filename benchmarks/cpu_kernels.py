@@ -38,7 +38,7 @@ from typing import Callable
 
 import numpy as np
 
-from cpu_case import Case
+from cpu_case import Case, KernelCall
 
 CASE_MODULES = ("cpu_cases_math", "cpu_cases_data")
 _BLOCK_SECONDS = 0.02     # each timed block of calls lasts at least this long
@@ -215,6 +215,34 @@ def thread_scaling(repeats: int) -> str:
     return "\n".join(lines)
 
 
+def stream_widths(repeats: int) -> str:
+    """Float32 kernels vectorised 512 and 256 bits wide (``fused_elementwise``'s
+    ``vector_bits``), on one thread on the same arrays: memory-bound ones, which
+    ``STREAM_VECTOR_BITS`` gives 256 bits, and an exp, which keeps the widest (median
+    over ``repeats`` rounds of the 512-bit / 256-bit time)."""
+    from tessera.compiler.cpu import E, TensorSpec, fused_elementwise
+    from tessera.runtime.cpu import load_kernel
+
+    x, y = E.input(0), E.input(1)
+    lines = ["vector width, float32 on one thread (us per call at 512 / 256 bits, ratio):"]
+    for label, expr, n, n_inputs in (("add", x + y, 10**6, 2), ("add", x + y, 4 * 10**6, 2),
+                                     ("x*1.5+y", x * 1.5 + y, 10**6, 2),
+                                     ("exp", x.exp(), 10**6, 1)):
+        arrays = [np.ones(n, np.float32) for _ in range(n_inputs)]
+        specs = [TensorSpec((n,), "float32")] * n_inputs
+        fns = [KernelCall(load_kernel(fused_elementwise(expr, specs, vector_bits=bits)),
+                          *arrays).serial() for bits in (512, 256)]
+        calls = [_calls_per_block(fn) for fn in fns]
+        times: list[list[float]] = [[], []]
+        for _ in range(repeats):
+            for k, fn in enumerate(fns):
+                times[k].append(_block_us(fn, calls[k]))
+        ratio = median(a / b for a, b in zip(*times))
+        lines.append(f"  {label} {n:.0e}".replace("+0", "").ljust(18)
+                     + f"{median(times[0]):9.1f} {median(times[1]):9.1f}  {ratio:.2f}x")
+    return "\n".join(lines)
+
+
 HEADER = ("op", "shape", "dtype", "numpy us", "kernel us", "ratio", "target",
           "threads", "1-thread ratio", "compile ms", "ok")
 _NUMERIC = {3, 4, 5, 6, 7, 8, 9}
@@ -280,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(call_overhead(args.repeats))
     print(thread_scaling(args.repeats))
+    print(stream_widths(args.repeats))
     for note in notes:
         print(f"note: {note}")
     failed = [r for r in rows if not r.ok]

@@ -16,7 +16,6 @@ into a device-like buffer, the cache maintenance and an accelerator launch.
 from __future__ import annotations
 
 import itertools
-import os
 import platform
 import time
 from dataclasses import dataclass
@@ -31,6 +30,8 @@ from tessera.compiler.cpu import (E, CpuKernel, TensorSpec, build_byte_lookup, b
                                   build_matmul_int8, build_max_pool, build_transpose,
                                   fused_elementwise, maximum, reduce_sum)
 from tessera.hostmodel import KINDS, HostModel, KernelCost, Work
+
+from .cpu_pool import usable_cores
 
 __all__ = ["Representative", "calibrate_host", "describe", "fit_kernel_cost", "measure_kernel",
            "representatives", "time_call"]
@@ -273,17 +274,9 @@ def _launch_seconds(backend: str, config: str | None, repeats: int) -> tuple[flo
     return seconds, f"{what}: load once, then run a FINISH-only program, median"
 
 
-def _cores() -> int:
-    """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def _cpu_name() -> str:
     from .jit import host_cpu
-    return f"{_cores()}x {platform.machine()} ({host_cpu()[0]})"
+    return f"{usable_cores()}x {platform.machine()} ({host_cpu()[0]})"
 
 
 def calibrate_host(*, name: str | None = None, quick: bool = False,
@@ -310,7 +303,7 @@ def calibrate_host(*, name: str | None = None, quick: bool = False,
     say(f"copy {copy / 1e9:.2f} GB/s, launch {launch * 1e6:.0f} us ({backend})")
     details.update(copy="numpy copy into a contiguous buffer, median", flush=flush_how,
                    launch=launch_how, quick=quick)
-    return HostModel(name or platform.node() or "local", _cpu_name(), _cores(),
+    return HostModel(name or platform.node() or "local", _cpu_name(), usable_cores(),
                      kernels, launch, copy, flush,
                      source="measured on this machine by tessera calibrate-host "
                             "(runtime/calibrate.py): per kind, representative CPU kernels "

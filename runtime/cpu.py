@@ -18,23 +18,30 @@ from tessera.errors import CpuKernelError
 from tessera.runtime.jit import JitModule, get_jit, host_target
 
 from . import cpu_abi as abi
+from . import cpu_pool
 from .aot import prebuilt_module
 
 #: Most threads used by default (memory-bound kernels stop scaling well before this).
 MAX_THREADS = 8
+#: Most slices a call is split into, whatever ``threads`` asks: their contexts live on
+#: the calling thread's stack (24 bytes each), and the pool has fewer workers anyway.
+MAX_SLICES = 256
 #: Each thread of an automatic call must have at least this many bytes to move
-#: (inputs plus outputs). Measured on the 2-core dev host (shared with other jobs):
-#: starting and joining a thread costs ~50 us, and a 2-thread float32 add was slower
-#: than 1 thread at every size tried (1.2 MiB: 71 vs 24 us; 11 MiB: 248 vs 187 us;
-#: 183 MiB: 9.2 vs 8.4 ms), so the bar is set above the L3-resident sizes; hosts with
-#: idle cores can lower it with TESSERA_CPU_THREADS / this constant after measuring.
-BYTES_PER_THREAD = 16 * 1024 * 1024
+#: (inputs plus outputs). Measured on the 2-core dev host with the pool's workers awake
+#: (:mod:`.cpu_pool`), a float32 add on 1 / 2 threads: 0.73 MiB 10-11 / 7-13 us,
+#: 1.5 MiB 20 / 12-24, 2.9 MiB 36 / 22-28, 11.4 MiB 158 / 79-124, 46 MiB 1.2-1.5 /
+#: 0.84-1.0 ms; a concat of two 1x64x56x56 float32 (3.1 MiB) 41 / 34 us. So two threads
+#: from 3 MiB. (Starting a thread per call, the pool's predecessor, cost ~50 us and set
+#: this at 16 MiB.)
+BYTES_PER_THREAD = 3 * 512 * 1024
 #: Each thread of an automatic call of a compute-bound kernel (``CpuKernel.macs``: the
-#: float GEMM and conv) must have at least this many multiply-adds. On the dev host a
-#: second thread costs 100-200 us (start, join, the idle core waking up, a copy of the
-#: packed operand): a float MatMul on 1 / 2 threads took 167 / 271 us at 8.4 M
-#: multiply-adds, 330 / 369 at 16.8 M, 612 / 551 at 33.6 M, 3.3 / 1.8-2.2 ms at 151 M.
-MACS_PER_THREAD = 1 << 25
+#: float GEMM and conv) must have at least this many multiply-adds. A float MatMul
+#: (M x K x N) on 1 / 2 threads of the pool on the dev host, workers awake: 24 / 18-19 us
+#: at 1.0 M multiply-adds, 42-49 / 32-36 at 2.1 M, 106 / 68-75 at 4.2 M, 237-241 /
+#: 170-181 at 8.4 M, 419-438 / 261-308 at 16.8 M, 756 / 412 at 37.7 M, 3.0 / 1.6 ms at
+#: 151 M (each range packs its own copy of the other operand). Two threads from 8.4 M,
+#: where a call that finds the workers asleep (30-45 us more) still gains.
+MACS_PER_THREAD = 1 << 22
 
 
 def _describe(a: np.ndarray) -> str:
@@ -56,22 +63,21 @@ def cpu_threads() -> int:
             raise CpuKernelError(f"TESSERA_CPU_THREADS must be a positive integer, "
                                  f"not {env!r}")
         return n
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return max(1, min(cores, MAX_THREADS))
+    return max(1, min(cpu_pool.usable_cores(), MAX_THREADS))
 
 
 def auto_threads(kernel: CpuKernel, limit: int) -> int:
     """Threads an automatic call of ``kernel`` uses with at most ``limit``: one per
-    ``BYTES_PER_THREAD`` the kernel moves (inputs plus outputs) or per
-    ``MACS_PER_THREAD`` multiply-adds it does, at most its parallel extent; 1 for
-    serial kernels."""
+    ``MACS_PER_THREAD`` multiply-adds for a kernel that counts them (its ranges do not
+    split the bytes: each packs its own copy of an operand), else one per
+    ``BYTES_PER_THREAD`` it moves (inputs plus outputs); at most its parallel extent;
+    1 for serial kernels."""
     if not kernel.parallel:
         return 1
-    moved = sum(s.nbytes for s in (*kernel.inputs, *kernel.outputs))
-    wanted = max(moved // BYTES_PER_THREAD, kernel.macs // MACS_PER_THREAD)
+    if kernel.macs:
+        wanted = kernel.macs // MACS_PER_THREAD
+    else:
+        wanted = sum(s.nbytes for s in (*kernel.inputs, *kernel.outputs)) // BYTES_PER_THREAD
     return max(1, min(limit, kernel.parallel, wanted))
 
 
@@ -220,7 +226,7 @@ class LoadedKernel:
             raise CpuKernelError(f"{self.kernel.name}: threads must be >= 1, not {threads}")
         if self._par_fn is None:
             return 1
-        return min(threads, self.kernel.parallel)
+        return min(threads, self.kernel.parallel, MAX_SLICES)
 
 
 def _c_strides(spec: TensorSpec) -> tuple[int, ...]:
@@ -246,6 +252,8 @@ def _bind(kernel: CpuKernel, module: JitModule, threads: int) -> LoadedKernel:
     """The LoadedKernel calling ``module``'s functions (built by
     :func:`~.cpu_abi.module_ir`)."""
     n_args = len(kernel.inputs) + len(kernel.outputs)
+    if kernel.parallel:
+        cpu_pool.attach(module)
     if not abi.FAST_CALL:
         ptrs = [ctypes.c_void_p] * n_args
         fn = ctypes.CFUNCTYPE(None, *ptrs)(module.address(kernel.entry))

@@ -23,12 +23,10 @@ type, the dtype singletons, ``NotImplemented``) are written into a global of the
 compiled module after loading, so the IR text (a disk cache key) holds none.
 
 Kernels with a parallel form (``CpuKernel.parallel``) also get ``tessera.parallel``,
-which splits the parallel loop into near-equal slices, runs slice 0 on the calling
-thread and the rest on threads made with ``pthread_create`` (libc, resolved by MCJIT in
-the process), and joins them before returning. There is no persistent pool: nothing to
-leak, to lock between Python threads, or to rebuild after ``fork``; the price is
-~50 us per call for thread start-up, so only large kernels use it
-(``tessera.runtime.cpu.auto_threads``).
+which splits the parallel loop into near-equal slices and runs them on the process's
+pool of worker threads (:mod:`.cpu_pool`, whose IR each such module carries), slice 0
+on the calling thread. The workers stay awake ~0.7 ms after a call, so a model's next
+kernel finds them ready (a thread started per call cost ~50 us here).
 
 The layouts all this IR bakes in (pointer and ``Py_ssize_t`` sizes, where numpy's fields
 sit) are an :class:`Abi`: this process's (:data:`NATIVE`) for the JIT, another host's
@@ -44,6 +42,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from tessera.compiler.cpu.kernel import CpuKernel, TensorSpec
+
+from .cpu_pool import CTX, POOL, POOL_RUN, pool_ir
 
 PY_ENTRY = "tessera.pycall"
 PY_PAR_ENTRY = "tessera.pycall.parallel"
@@ -344,39 +344,50 @@ def py_decls(abi: Abi = NATIVE) -> str:
 
 def parallel_ir(kernel: CpuKernel, n_args: int, abi: Abi = NATIVE) -> str:
     """IR of ``void tessera.parallel(ptr d0, ..., i64 n)``: runs ``<entry>.range`` on
-    ``n`` (1 <= n <= extent) near-equal slices of the kernel's parallel loop, slice 0
-    on the calling thread and the others on threads made with ``pthread_create``
-    (joined before returning; a slice whose thread cannot be made runs on the calling
-    thread). ``tessera.slice`` is the thread body: it reads the pointers and its
-    ``[begin, end)`` from a ``{ptr args, i64 begin, i64 end}`` context. ``abi``: the
-    layouts of the host it runs on."""
+    ``n`` (1 <= n <= extent) near-equal slices of the kernel's parallel loop, on the
+    process's pool of threads (:mod:`.cpu_pool`; slice 0 on the calling thread), or all
+    on the calling thread if the pool is not attached or busy with another call.
+    ``tessera.slice`` runs one: it reads the pointers and its ``[begin, end)`` from a
+    ``{ptr args, i64 begin, i64 end}`` context. ``abi``: the layouts of the host it
+    runs on."""
     stores = []
     for i in range(n_args):
         stores += [f"  %w{i} = getelementptr inbounds ptr, ptr %argv, i64 {i}",
                    f"  store ptr %d{i}, ptr %w{i}, align {abi.pointer}"]
     params = ", ".join(f"ptr %d{i}" for i in range(n_args))
     return "\n".join([
-        "declare i32 @pthread_create(ptr, ptr, ptr, ptr)",
-        f"declare i32 @pthread_join({abi.pthread_t}, ptr)",
+        pool_ir(abi.pthread_t),
         *_slice_ir(kernel.range_entry, n_args, abi),
         f'define void @"{PAR_ENTRY}"({params}, i64 %n) {{',
         "entry:",
         f"  %argv = alloca ptr, i64 {n_args}, align 8",
         *stores,
-        "  %ctxs = alloca { ptr, i64, i64 }, i64 %n, align 8",
-        f"  %tids = alloca {abi.pthread_t}, i64 %n, align 8",
-        "  %made = alloca i8, i64 %n, align 1",
+        f"  %ctxs = alloca {CTX}, i64 %n, align 8",
         "  br label %fill",
         *_fill_slices_ir(kernel.parallel),
-        *_spawn_ir(abi),
-        *_join_ir(abi),
+        "run:",
+        f'  %pool = load ptr, ptr @"{POOL}"',
+        "  %attached = icmp ne ptr %pool, null",
+        "  br i1 %attached, label %pooled, label %inline",
+        "pooled:",
+        f'  %ran = call i1 @"{POOL_RUN}"(ptr %pool, ptr @"tessera.slice", ptr %ctxs, i64 %n)',
+        "  br i1 %ran, label %done, label %inline",
+        "inline:",
+        "  %t.i = phi i64 [ 0, %run ], [ 0, %pooled ], [ %t.i1, %inline.body ]",
+        "  %t.more = icmp ult i64 %t.i, %n",
+        "  br i1 %t.more, label %inline.body, label %done",
+        "inline.body:",
+        f"  %t.c = getelementptr inbounds {CTX}, ptr %ctxs, i64 %t.i",
+        '  %t.r = call ptr @"tessera.slice"(ptr %t.c)',
+        "  %t.i1 = add nuw nsw i64 %t.i, 1",
+        "  br label %inline",
         "done:",
         "  ret void",
         "}", ""])
 
 
 def _slice_ir(range_entry: str, n_args: int, abi: Abi) -> list[str]:
-    """``tessera.slice(ptr ctx)``, the thread body of :func:`parallel_ir`: calls
+    """``tessera.slice(ptr ctx)``, one slice of :func:`parallel_ir`: calls
     ``range_entry`` with the context's ``n_args`` pointers and ``[begin, end)``."""
     loads, ptrs = [], []
     for i in range(n_args):
@@ -386,9 +397,9 @@ def _slice_ir(range_entry: str, n_args: int, abi: Abi) -> list[str]:
     return [
         'define internal ptr @"tessera.slice"(ptr %ctx) {',
         f"  %argv = load ptr, ptr %ctx, align {abi.pointer}",
-        "  %pb = getelementptr inbounds { ptr, i64, i64 }, ptr %ctx, i64 0, i32 1",
+        f"  %pb = getelementptr inbounds {CTX}, ptr %ctx, i64 0, i32 1",
         "  %begin = load i64, ptr %pb, align 8",
-        "  %pe = getelementptr inbounds { ptr, i64, i64 }, ptr %ctx, i64 0, i32 2",
+        f"  %pe = getelementptr inbounds {CTX}, ptr %ctx, i64 0, i32 2",
         "  %end = load i64, ptr %pe, align 8",
         *loads,
         f'  call void @"{range_entry}"({", ".join(ptrs)}, i64 %begin, i64 %end)',
@@ -397,7 +408,8 @@ def _slice_ir(range_entry: str, n_args: int, abi: Abi) -> list[str]:
 
 
 def _fill_slices_ir(extent: int) -> list[str]:
-    """Block ``fill`` of :func:`parallel_ir`: the ``n`` slice contexts over ``extent``."""
+    """Block ``fill`` of :func:`parallel_ir`: the ``n`` slice contexts over ``extent``,
+    then on to ``run``."""
     # Slice t is [extent*t/n, extent*(t+1)/n): sizes differ by at most one.
     return [
         "fill:",
@@ -407,67 +419,14 @@ def _fill_slices_ir(extent: int) -> list[str]:
         "  %lo = udiv i64 %lo.m, %n",
         f"  %hi.m = mul nuw nsw i64 %t1, {extent}",
         "  %hi = udiv i64 %hi.m, %n",
-        "  %c = getelementptr inbounds { ptr, i64, i64 }, ptr %ctxs, i64 %t",
+        f"  %c = getelementptr inbounds {CTX}, ptr %ctxs, i64 %t",
         "  store ptr %argv, ptr %c, align 8",
-        "  %cb = getelementptr inbounds { ptr, i64, i64 }, ptr %ctxs, i64 %t, i32 1",
+        f"  %cb = getelementptr inbounds {CTX}, ptr %ctxs, i64 %t, i32 1",
         "  store i64 %lo, ptr %cb, align 8",
-        "  %ce = getelementptr inbounds { ptr, i64, i64 }, ptr %ctxs, i64 %t, i32 2",
+        f"  %ce = getelementptr inbounds {CTX}, ptr %ctxs, i64 %t, i32 2",
         "  store i64 %hi, ptr %ce, align 8",
         "  %more = icmp ult i64 %t1, %n",
-        "  br i1 %more, label %fill, label %spawn.head"]
-
-
-def _spawn_ir(abi: Abi) -> list[str]:
-    """Blocks ``spawn...`` and ``run0`` of :func:`parallel_ir`: a thread per slice 1..n-1
-    (recording in ``%made`` which exist; a slice without one runs inline), then slice 0."""
-    return [
-        "spawn.head:",
-        "  br label %spawn",
-        "spawn:",
-        "  %s = phi i64 [ 1, %spawn.head ], [ %s1, %spawn.next ]",
-        "  %go = icmp ult i64 %s, %n",
-        "  br i1 %go, label %spawn.body, label %run0",
-        "spawn.body:",
-        "  %sc = getelementptr inbounds { ptr, i64, i64 }, ptr %ctxs, i64 %s",
-        f"  %st = getelementptr inbounds {abi.pthread_t}, ptr %tids, i64 %s",
-        '  %rc = call i32 @pthread_create(ptr %st, ptr null, ptr @"tessera.slice", ptr %sc)',
-        "  %ok = icmp eq i32 %rc, 0",
-        "  %sm = getelementptr inbounds i8, ptr %made, i64 %s",
-        "  %okb = zext i1 %ok to i8",
-        "  store i8 %okb, ptr %sm, align 1",
-        "  br i1 %ok, label %spawn.next, label %spawn.inline",
-        "spawn.inline:",
-        '  %r.inline = call ptr @"tessera.slice"(ptr %sc)',
-        "  br label %spawn.next",
-        "spawn.next:",
-        "  %s1 = add nuw nsw i64 %s, 1",
-        "  br label %spawn",
-        "run0:",
-        '  %r0 = call ptr @"tessera.slice"(ptr %ctxs)',
-        "  br label %join"]
-
-
-def _join_ir(abi: Abi) -> list[str]:
-    """Blocks ``join...`` of :func:`parallel_ir`: join every thread that was made, then
-    branch to ``done``."""
-    return [
-        "join:",
-        "  %j = phi i64 [ 1, %run0 ], [ %j1, %join.next ]",
-        "  %jgo = icmp ult i64 %j, %n",
-        "  br i1 %jgo, label %join.body, label %done",
-        "join.body:",
-        "  %jm = getelementptr inbounds i8, ptr %made, i64 %j",
-        "  %jmade = load i8, ptr %jm, align 1",
-        "  %jok = icmp ne i8 %jmade, 0",
-        "  br i1 %jok, label %join.call, label %join.next",
-        "join.call:",
-        f"  %jt = getelementptr inbounds {abi.pthread_t}, ptr %tids, i64 %j",
-        f"  %tid = load {abi.pthread_t}, ptr %jt",
-        f"  %jr = call i32 @pthread_join({abi.pthread_t} %tid, ptr null)",
-        "  br label %join.next",
-        "join.next:",
-        "  %j1 = add nuw nsw i64 %j, 1",
-        "  br label %join"]
+        "  br i1 %more, label %fill, label %run"]
 
 
 def builtin(address: int, name: str) -> tuple[Callable[..., None], _PyMethodDef]:

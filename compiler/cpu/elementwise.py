@@ -62,7 +62,8 @@ from tessera.errors import CpuKernelError
 from . import fmath as F
 from . import irutil as U
 from .kernel import (DTYPES, CpuKernel, TensorSpec, kernel_function, new_module,
-                     range_function)
+                     prefer_vector_bits, range_function)
+from .vector_width import STREAM_VECTOR_BITS
 
 Number = Union[int, float]
 _BINARY_SYMBOLS = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**"}
@@ -72,6 +73,11 @@ _FLOAT_ONLY = {"div", "exp", "sigmoid", "tanh", "log", "log1p", "erf", "sqrt", "
 _COMPARE = {"eq": "==", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 #: The ops that take bool operands.
 _BOOL_OK = {"where", "eq", "cast"}
+#: Ops whose vector code is long (polynomials, int8 <-> float32 conversions): a kernel
+#: with one is bound by compute and vectorised as wide as the CPU goes; one without
+#: streams memory (:data:`.vector_width.STREAM_VECTOR_BITS`).
+_COMPUTE_OPS = {"exp", "sigmoid", "tanh", "log", "log1p", "erf", "pow", "quantize",
+                "dequantize"}
 
 
 @dataclass(frozen=True, eq=False)
@@ -466,6 +472,12 @@ _FLOAT_OPS = {
 }
 
 
+def _streams(node: E) -> bool:
+    """Whether the expression has no op of :data:`_COMPUTE_OPS` (its kernel is bound by
+    memory)."""
+    return node.op not in _COMPUTE_OPS and all(_streams(a) for a in node.args)
+
+
 def _inputs_used(node: E, acc: set[int]) -> set[int]:
     if node.op == "input":
         acc.add(node.value)
@@ -497,7 +509,8 @@ def collapse_dims(shape: Sequence[int], strides: Sequence[Sequence[int]]
 
 def fused_elementwise(expr: E, inputs: Sequence[TensorSpec], out_dtype: str | None = None,
                       out_shape: Sequence[int] | None = None, name: str | None = None,
-                      read_as: Sequence[Sequence[int] | None] | None = None) -> CpuKernel:
+                      read_as: Sequence[Sequence[int] | None] | None = None,
+                      vector_bits: int | None = None) -> CpuKernel:
     """A kernel computing ``expr`` elementwise in one pass.
 
     ``inputs`` are the specs of ``E.input(0)``, ``E.input(1)``, ...; the output shape is
@@ -506,7 +519,10 @@ def fused_elementwise(expr: E, inputs: Sequence[TensorSpec], out_dtype: str | No
     explicit ``.cast``/``.quantize``). ``name`` defaults to the expression text.
     ``read_as``, per input, is None or another shape with the same number of elements
     that the input is read as (broadcast) in: a (C,) per-channel vector read as
-    (C, 1, 1) against (N, C, H, W), without a reshape step."""
+    (C, 1, 1) against (N, C, H, W), without a reshape step. ``vector_bits`` caps the
+    vectors LLVM uses on x86 (:func:`.kernel.prefer_vector_bits`); by default an
+    expression without polynomials or int8<->float32 conversions, bound by memory, gets
+    :data:`.vector_width.STREAM_VECTOR_BITS` and any other the CPU's widest."""
     inputs = tuple(inputs)
     shapes = [s.shape if r is None else _same_size(tuple(r), s)
               for s, r in zip(inputs, read_as or [None] * len(inputs), strict=True)]
@@ -530,13 +546,18 @@ def fused_elementwise(expr: E, inputs: Sequence[TensorSpec], out_dtype: str | No
     strides = [U.broadcast_strides(shapes[i], shape) for i in used]
     loop_shape, loop_strides = collapse_dims(shape, [*strides, U.c_strides(shape)])
     loops = _Loops(expr, typer.types, used, loop_shape, loop_strides)
-    fn, b = kernel_function(module, "entry", inputs, [out])
-    loops.emit(fn, b, len(inputs), 0, loop_shape[0] if loop_shape else 1)
+    fns = [kernel_function(module, "entry", inputs, [out])]
+    loops.emit(*fns[0], len(inputs), 0, loop_shape[0] if loop_shape else 1)
     # Every outer iteration writes its own slice of the output: the outer loop splits.
     parallel = loop_shape[0] if len(loop_shape) and loop_shape[0] > 1 else 0
     if parallel:
         fn, b, begin, end = range_function(module, "entry", inputs, [out])
         loops.emit(fn, b, len(inputs), begin, end)
+        fns.append((fn, b))
+    if vector_bits is None and _streams(expr):
+        vector_bits = STREAM_VECTOR_BITS
+    for fn, _ in fns if vector_bits else ():
+        prefer_vector_bits(fn, vector_bits)
     return CpuKernel(name, str(module), "entry", inputs, (out,), parallel=parallel)
 
 

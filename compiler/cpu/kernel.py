@@ -202,6 +202,17 @@ def kernel_function(
     return fn, builder
 
 
+def prefer_vector_bits(fn: ir.Function, bits: int) -> None:
+    """Have LLVM vectorise ``fn`` with vectors of at most ``bits`` bits (the x86
+    backend's ``"prefer-vector-width"`` attribute; other targets ignore it), and keep it
+    out of its callers: the Python-call wrappers it would be inlined into are compiled
+    with the CPU's own preference."""
+    # llvmlite's FunctionAttributes validates enum attributes only; a string attribute
+    # is written into the IR the same way (sorted among them).
+    set.add(fn.attributes, f'"prefer-vector-width"="{bits}"')
+    fn.attributes.add("noinline")
+
+
 def range_function(
     module: ir.Module,
     entry: str,

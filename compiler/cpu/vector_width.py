@@ -18,8 +18,8 @@ from functools import lru_cache
 
 from tessera.errors import CpuKernelError
 
-__all__ = ["VECTOR_WIDTHS", "building_for_vector_bits", "host_features", "host_vector_bits",
-           "noting_width_reads", "vector_bits_of"]
+__all__ = ["STREAM_VECTOR_BITS", "VECTOR_WIDTHS", "building_for_vector_bits", "host_features",
+           "host_vector_bits", "noting_width_reads", "vector_bits_of"]
 
 
 @lru_cache(maxsize=None)
@@ -41,6 +41,16 @@ _WIDTH_READS: ContextVar[list | None] = ContextVar("tessera_width_reads", defaul
 
 #: The vector widths kernels are tiled for (:data:`.packed_gemm._TILES` has a tile each).
 VECTOR_WIDTHS = (128, 256, 512)
+
+#: The widest vectors a streaming loop (a few cheap ops per element loaded, so bound by
+#: memory) is vectorised with (:func:`.kernel.prefer_vector_bits`). On this Zen 4 host
+#: (AVX-512 executed as two 256-bit halves) such loops run faster with 256-bit vectors
+#: than with 512-bit ones, aligned or not, on one thread: a float32 add of 1e6 elements
+#: 1.05-1.10x, of 4e6 1.07-1.23x, ``x*1.5+y`` 1.02-1.13x; kernels of polynomials (exp
+#: 0.61-0.72x at 256) or int8<->float32 conversions (quantize 0.90x) lose, and keep the
+#: widest. Intel's AVX-512 CPUs already get 256 from LLVM's tuning; on CPUs of 256 bits
+#: or fewer it changes nothing. ``benchmarks/cpu_kernels.py`` prints the comparison.
+STREAM_VECTOR_BITS = 256
 
 
 def vector_bits_of(features: Collection[str]) -> int:

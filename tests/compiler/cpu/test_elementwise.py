@@ -7,6 +7,8 @@ for bit against onnxruntime's (MLAS's logistic).
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -14,10 +16,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tessera.compiler.cpu.elementwise import E, fused_elementwise, maximum, minimum
+from tessera.compiler.cpu.elementwise import E, fused_elementwise, maximum, minimum, where
 from tessera.compiler.cpu.kernel import TensorSpec
 from tessera.errors import CpuKernelError
 from tessera.runtime.cpu import load_kernel
+from tessera.runtime.cpu_abi import NATIVE, module_ir
+from tessera.runtime.jit import CpuTarget, get_jit
 
 SPECIALS = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-40, -1e-40, 3e38, -3e38],
                     np.float32)
@@ -311,6 +315,27 @@ def test_kernel_name_and_signature():
                           [TensorSpec((2, 3), "float32"), TensorSpec((3,), "float32")])
     assert k.name == "relu(((x0 * x1) + 3.0))"
     assert k.outputs == (TensorSpec((2, 3), "float32"),)
+
+
+#: A CPU with AVX-512 that LLVM vectorises 512 bits wide by default (Zen 4).
+ZEN4 = CpuTarget("x86_64-znver4", "x86_64-unknown-linux-gnu", "znver4", "", (), NATIVE)
+X, Y = E.input(0), E.input(1)
+
+
+@pytest.mark.parametrize("expr, streams", [
+    (X + Y, True), ((X * Y + 1.5).relu(), True), (where(X.greater(Y), X / Y, 0.0), True),
+    (X.exp() + Y, False), (X.tanh(), False), (X.quantize(0.1, 3, "int8"), False),
+], ids=str)
+def test_streaming_kernels_use_256_bit_vectors_on_avx512(expr, streams):
+    """Memory-bound kernels are vectorised 256 bits wide on a 512-bit CPU (faster there,
+    STREAM_VECTOR_BITS), compute-bound ones 512: in every function of the loaded module,
+    the Python-call wrappers and the parallel slices included."""
+    spec = TensorSpec((64, 4096), "float32")
+    kernel = fused_elementwise(expr, [spec, spec])
+    assert kernel.parallel
+    asm = get_jit().emit_assembly(module_ir(kernel), ZEN4)
+    assert re.search("%ymm" if streams else "%zmm", asm)
+    assert ("%zmm" in asm) != streams
 
 
 @pytest.mark.parametrize("build, match", [
