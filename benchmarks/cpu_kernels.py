@@ -232,14 +232,43 @@ def stream_widths(repeats: int) -> str:
         specs = [TensorSpec((n,), "float32")] * n_inputs
         fns = [KernelCall(load_kernel(fused_elementwise(expr, specs, vector_bits=bits)),
                           *arrays).serial() for bits in (512, 256)]
-        calls = [_calls_per_block(fn) for fn in fns]
-        times: list[list[float]] = [[], []]
-        for _ in range(repeats):
-            for k, fn in enumerate(fns):
-                times[k].append(_block_us(fn, calls[k]))
-        ratio = median(a / b for a, b in zip(*times))
-        lines.append(f"  {label} {n:.0e}".replace("+0", "").ljust(18)
-                     + f"{median(times[0]):9.1f} {median(times[1]):9.1f}  {ratio:.2f}x")
+        lines.append(f"  {label} {n:.0e}".replace("+0", "").ljust(18) + _paired(fns, repeats))
+    return "\n".join(lines)
+
+
+def _paired(fns: list[Callable[[], object]], repeats: int) -> str:
+    """Two calls timed in ``repeats`` interleaved rounds: their median times (us) and the
+    median over rounds of the first's time over the second's."""
+    calls = [_calls_per_block(fn) for fn in fns]
+    times: list[list[float]] = [[], []]
+    for _ in range(repeats):
+        for k, fn in enumerate(fns):
+            times[k].append(_block_us(fn, calls[k]))
+    ratio = median(a / b for a, b in zip(*times))
+    return f"{median(times[0]):9.1f} {median(times[1]):9.1f}  {ratio:.2f}x"
+
+
+def thread_thresholds(repeats: int) -> str:
+    """What sets ``tessera.runtime.cpu.BYTES_PER_THREAD`` and ``MACS_PER_THREAD``: a
+    float32 add of growing size and float MatMuls of growing work on 1 and 2 threads of
+    the worker pool (awake), with the threads an automatic call of each picks."""
+    from tessera.compiler.cpu import E, TensorSpec, build_matmul, fused_elementwise
+    from tessera.runtime.cpu import load_kernel
+
+    cases = []
+    for rows in (64, 128, 256, 1000):
+        spec = TensorSpec((rows, 1000), "float32")
+        cases.append((f"add {12 * rows * 1000 / 2**20:.1f} MiB",
+                      fused_elementwise(E.input(0) + E.input(1), [spec] * 2), [spec] * 2))
+    for k, n in ((256, 256), (512, 256), (512, 512), (768, 768)):
+        a, b = TensorSpec((64, k), "float32"), TensorSpec((k, n), "float32")
+        cases.append((f"matmul {64 * k * n / 1e6:.1f} M MACs", build_matmul(a, b), [a, b]))
+    lines = ["1 / 2 threads (us per call, ratio; auto: the threads an automatic call uses):"]
+    for label, kernel, specs in cases:
+        loaded = load_kernel(kernel)
+        arrays = [np.ones(s.shape, np.float32) for s in specs]
+        fns = [lambda t=t: loaded(*arrays, threads=t) for t in (1, 2)]
+        lines.append(f"  {label:<22}{_paired(fns, repeats)}  auto {loaded.threads}")
     return "\n".join(lines)
 
 
@@ -308,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(call_overhead(args.repeats))
     print(thread_scaling(args.repeats))
+    print(thread_thresholds(args.repeats))
     print(stream_widths(args.repeats))
     for note in notes:
         print(f"note: {note}")

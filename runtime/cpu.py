@@ -27,21 +27,19 @@ MAX_THREADS = 8
 #: the calling thread's stack (24 bytes each), and the pool has fewer workers anyway.
 MAX_SLICES = 256
 #: Each thread of an automatic call must have at least this many bytes to move
-#: (inputs plus outputs). Measured on the 2-core dev host with the pool's workers awake
-#: (:mod:`.cpu_pool`), a float32 add on 1 / 2 threads: 0.73 MiB 10-11 / 7-13 us,
-#: 1.5 MiB 20 / 12-24, 2.9 MiB 36 / 22-28, 11.4 MiB 158 / 79-124, 46 MiB 1.2-1.5 /
-#: 0.84-1.0 ms; a concat of two 1x64x56x56 float32 (3.1 MiB) 41 / 34 us. So two threads
-#: from 3 MiB. (Starting a thread per call, the pool's predecessor, cost ~50 us and set
-#: this at 16 MiB.)
-BYTES_PER_THREAD = 3 * 512 * 1024
+#: (inputs plus outputs). A float32 add on 1 / 2 threads of the pool (workers awake) on
+#: the 2-core dev host: 0.7 MiB 10 / 7-12 us, 1.5 MiB 19-20 / 11-12, 2.9 MiB 35-36 / 22,
+#: 11.4 MiB 158-162 / 72-85 (``benchmarks/cpu_kernels.py``, its thread lines); so two
+#: threads from 1.5 MiB. (Starting a thread per call, the pool's predecessor, cost
+#: ~50 us and set this at 16 MiB.)
+BYTES_PER_THREAD = 768 * 1024
 #: Each thread of an automatic call of a compute-bound kernel (``CpuKernel.macs``: the
 #: float GEMM and conv) must have at least this many multiply-adds. A float MatMul
-#: (M x K x N) on 1 / 2 threads of the pool on the dev host, workers awake: 24 / 18-19 us
-#: at 1.0 M multiply-adds, 42-49 / 32-36 at 2.1 M, 106 / 68-75 at 4.2 M, 237-241 /
-#: 170-181 at 8.4 M, 419-438 / 261-308 at 16.8 M, 756 / 412 at 37.7 M, 3.0 / 1.6 ms at
-#: 151 M (each range packs its own copy of the other operand). Two threads from 8.4 M,
-#: where a call that finds the workers asleep (30-45 us more) still gains.
-MACS_PER_THREAD = 1 << 22
+#: (64 x K x N) on 1 / 2 threads of the pool, workers awake: 24 / 18-19 us at 1.0 M
+#: multiply-adds, 42-49 / 32-36 at 2.1 M, 97-98 / 62-63 at 4.2 M, 222-223 / 150 at
+#: 8.4 M, 384-386 / 236 at 16.8 M, 725-762 / 393-417 at 37.7 M (each range packs its
+#: own copy of the other operand); so two threads from 4.2 M.
+MACS_PER_THREAD = 1 << 21
 
 
 def _describe(a: np.ndarray) -> str:
