@@ -269,7 +269,24 @@ def thread_thresholds(repeats: int) -> str:
         arrays = [np.ones(s.shape, np.float32) for s in specs]
         fns = [lambda t=t: loaded(*arrays, threads=t) for t in (1, 2)]
         lines.append(f"  {label:<22}{_paired(fns, repeats)}  auto {loaded.threads}")
+    lines.append(f"  workers poll after a call for {_idle_ms(fns[1], repeats):.2f} ms, "
+                 "then sleep (median)")
     return "\n".join(lines)
+
+
+def _idle_ms(call: Callable[[], object], repeats: int) -> float:
+    """How long the pool's workers keep polling after ``call`` (which uses them) before
+    they all sleep (``tessera.runtime.cpu_pool.SPIN``)."""
+    from tessera.runtime import cpu_pool
+
+    state, spans = cpu_pool._POOL.state, []
+    for _ in range(repeats):
+        call()
+        start = time.perf_counter()
+        while state.sleepers < state.started and time.perf_counter() - start < 1.0:
+            pass
+        spans.append((time.perf_counter() - start) * 1e3)
+    return median(spans)
 
 
 HEADER = ("op", "shape", "dtype", "numpy us", "kernel us", "ratio", "target",
